@@ -1,0 +1,134 @@
+"""Plain dataclasses that describe a model, validated on construction.
+
+The model package is built from `ModelConfig` alone, so a checkpoint stores
+`asdict(ModelConfig)` and rebuilds the network without Hydra (nanoGPT's GPTConfig).
+Validation errors name the Hydra key (`model.d_model`, `norm.type`, ...) and the
+allowed values, so a bad override fails before any data is read.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+NORM_TYPES = ("layernorm", "scalenorm", "rmsnorm")
+PLACEMENTS = ("post", "pre")
+INIT_NAMES = ("xavier", "admin")
+ADMIN_MODES = ("profile", "closed_form")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    _check(value in allowed, f"{key}={value!r} is not valid; allowed values: {', '.join(map(str, allowed))}")
+
+
+def _prob(key: str, value: float) -> None:
+    _check(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
+           f"{key}={value!r} must be a probability in [0, 1]")
+
+
+def _positive(key: str, value: Any) -> None:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+           f"{key}={value!r} must be a positive integer")
+
+
+@dataclass
+class NormConfig:
+    type: str = "layernorm"  # layernorm | scalenorm | rmsnorm
+    placement: str = "post"  # post: x = N(x + F(x)); pre: x = x + F(N(x)) and a final N per stack
+    fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
+    eps: float = 1e-5
+    scale_init: float | None = None  # ScaleNorm g init; None -> sqrt(d) as in the paper
+
+    def validate(self) -> None:
+        _choice("norm.type", self.type, NORM_TYPES)
+        _choice("norm.placement", self.placement, PLACEMENTS)
+        _check(isinstance(self.fixnorm, bool), f"norm.fixnorm={self.fixnorm!r} must be true or false")
+        _check(self.eps > 0, f"norm.eps={self.eps!r} must be > 0")
+        _check(self.scale_init is None or self.scale_init > 0,
+               f"norm.scale_init={self.scale_init!r} must be > 0 or null")
+
+
+@dataclass
+class RegularizerConfig:
+    # LayerDrop (Fan et al. 2019): probability of skipping each layer during training.
+    encoder_layerdrop: float = 0.0
+    decoder_layerdrop: float = 0.0
+    # Scheduled DropHead (Zhou et al. 2020): the schedule callback sets p at run time.
+    drophead: float = 0.0
+    drophead_encoder_self: bool = True
+    drophead_decoder_self: bool = True
+    drophead_cross: bool = True
+
+    def validate(self) -> None:
+        for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):
+            _prob(f"regularizer.{key}", getattr(self, key))
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 8000
+    d_model: int = 128  # encoder width; decoder_d_model defaults to it
+    decoder_d_model: int | None = None
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    encoder_heads: int = 4
+    decoder_heads: int = 4
+    encoder_ffn: int = 512
+    decoder_ffn: int = 512
+    dropout: float = 0.0  # sub-layer outputs and embeddings + positions (Vaswani et al. 2017, 5.4)
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    max_positions: int = 256
+    learned_positions: bool = False
+    share_embeddings: bool = True  # encoder, decoder and output projection share one matrix
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    init: str = "xavier"  # xavier | admin (admin adds a trainable omega to every residual)
+    norm: NormConfig = field(default_factory=NormConfig)
+    regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.norm, Mapping):
+            self.norm = NormConfig(**self.norm)
+        if isinstance(self.regularizer, Mapping):
+            self.regularizer = RegularizerConfig(**self.regularizer)
+        if self.decoder_d_model is None:
+            self.decoder_d_model = self.d_model
+        self.validate()
+
+    def validate(self) -> None:
+        for key in ("vocab_size", "d_model", "decoder_d_model", "encoder_layers", "decoder_layers",
+                    "encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn", "max_positions"):
+            _positive(f"model.{key}", getattr(self, key))
+        _check(self.d_model % self.encoder_heads == 0,
+               f"model.d_model={self.d_model} is not divisible by model.encoder_heads={self.encoder_heads}")
+        _check(self.decoder_d_model % self.decoder_heads == 0,
+               f"model.decoder_d_model={self.decoder_d_model} is not divisible by "
+               f"model.decoder_heads={self.decoder_heads}")
+        for key in ("dropout", "attention_dropout", "activation_dropout"):
+            _prob(f"model.{key}", getattr(self, key))
+        _check(not self.share_embeddings or self.d_model == self.decoder_d_model,
+               "model.share_embeddings=true needs model.d_model == model.decoder_d_model")
+        _choice("init.name", self.init, INIT_NAMES)
+        _check(self.init != "admin" or self.norm.placement == "post",
+               "init=admin is defined for post-norm models (Liu et al. 2020); set norm.placement=post")
+        self.norm.validate()
+        self.regularizer.validate()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
