@@ -132,3 +132,53 @@ class ModelConfig:
     def from_dict(cls, d: Mapping) -> "ModelConfig":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Mapping | None = None) -> ModelConfig:
+    """ModelConfig from the Hydra tree (groups model / norm / regularizer / init)."""
+    from omegaconf import OmegaConf
+
+    def plain(node: Any) -> dict:
+        return dict(OmegaConf.to_container(node, resolve=True)) if node is not None else {}
+
+    model = plain(cfg.model)
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(model) - known)
+    _check(not unknown, f"model.{unknown[0] if unknown else ''} is not a model option; "
+                        f"allowed: {', '.join(sorted(known - {'norm', 'regularizer', 'init'}))}")
+    norm, reg = plain(cfg.norm), plain(cfg.get("regularizer"))
+    for group, node, cls in (("norm", norm, NormConfig), ("regularizer", reg, RegularizerConfig)):
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        for key in node:
+            _check(key in allowed or key.startswith("_") or key in ("name", "schedule", "pruning"),
+                   f"{group}.{key} is not a {group} option; allowed: {', '.join(sorted(allowed))}")
+    norm = {k: v for k, v in norm.items() if k in {f.name for f in dataclasses.fields(NormConfig)}}
+    reg = {k: v for k, v in reg.items() if k in {f.name for f in dataclasses.fields(RegularizerConfig)}}
+    if vocab_size is not None:
+        model["vocab_size"] = vocab_size
+    model.update(special or {})
+    init = cfg.init.name if cfg.get("init") is not None else "xavier"
+    return ModelConfig(**model, init=init, norm=NormConfig(**norm), regularizer=RegularizerConfig(**reg))
+
+
+def validate_run_config(cfg: Any) -> ModelConfig:
+    """Every check that can run before data is read; raises ConfigError naming the key."""
+    model_cfg = model_config_from_hydra(cfg, vocab_size=int(cfg.data.vocab_size))
+    o = cfg.optim
+    _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
+    _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")
+    _check(isinstance(o.warmup, int) and o.warmup >= 0, f"optim.warmup={o.warmup!r} must be an integer >= 0")
+    _check(0.0 <= o.label_smoothing < 1.0, f"optim.label_smoothing={o.label_smoothing!r} must be in [0, 1)")
+    _choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
+            ("uniform", "fairseq"))
+    _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm!r} must be >= 0")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
+    _positive("data.max_tokens", cfg.data.max_tokens)
+    _positive("data.vocab_size", cfg.data.vocab_size)
+    d = cfg.eval.decoder
+    _positive("eval.decoder.beam", d.beam)
+    _check(d.max_len_a >= 0 and d.max_len_b >= 0, "eval.decoder.max_len_a and max_len_b must be >= 0")
+    _check(cfg.trainer.max_steps == -1 or cfg.trainer.max_steps > 0,
+           f"trainer.max_steps={cfg.trainer.max_steps!r} must be > 0 (or -1 for no limit)")
+    _choice("logger.name", cfg.logger.name, ("wandb", "csv", "none"))
+    return model_cfg

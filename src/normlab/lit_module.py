@@ -1,0 +1,146 @@
+"""Seq2SeqModule: the LightningModule that trains and scores a Seq2SeqTransformer.
+
+Loss: label-smoothed cross-entropy summed over target tokens and divided by the number of
+target tokens in the *global* batch (all ranks), as fairseq does, so DDP over k ranks gives
+the same gradient as one process over the same k batches.
+Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; test: sacreBLEU.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from normlab.config import ModelConfig
+from normlab.evaluation import make_decoder, ordered, score, translate_batches
+from normlab.losses import label_smoothed_nll
+from normlab.model.transformer import Seq2SeqTransformer
+from normlab.schedule import inverse_sqrt_factor, peak_lr
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class Seq2SeqModule(L.LightningModule):
+    def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer_proto"])
+        self.model_cfg = ModelConfig.from_dict(model_cfg)
+        self.model = Seq2SeqTransformer(self.model_cfg)
+        self.optim_cfg, self.eval_cfg = dict(optim), dict(eval)
+        self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
+        self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
+        self.split_scores: dict[str, dict] = {}
+        self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
+        self._reset_eval()
+
+    # ---- training ---------------------------------------------------------------------------
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        loss, nll = label_smoothed_nll(logits, batch["tgt_out"], self.optim_cfg["label_smoothing"],
+                                       self.model_cfg.pad_id, self.optim_cfg.get("label_smoothing_convention", "uniform"))
+        ntok = batch["tgt_out"].ne(self.model_cfg.pad_id).sum()
+        return loss, nll, ntok
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, nll, ntok = self._loss(batch)
+        global_ntok = ntok.clone().float()
+        if _dist():  # normalise by the global token count; DDP then averages over ranks
+            dist.all_reduce(global_ntok)
+            global_ntok = global_ntok / dist.get_world_size()
+        self._train_tokens += int(ntok)
+        n = ntok.clamp(min=1)
+        self.log_dict({"train/loss": loss / n, "train/nll": nll / n}, prog_bar=True, batch_size=int(n))
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
+        return loss / global_ntok.clamp(min=1)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._t_batch = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self._train_seconds += time.perf_counter() - self._t_batch
+        if self._train_seconds > 0 and self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("train/tokens_per_s", self.train_tokens_per_s, prog_bar=False)
+
+    @property
+    def train_tokens_per_s(self) -> float:
+        return self._train_tokens / self._train_seconds if self._train_seconds else 0.0
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        peak = peak_lr(self.model_cfg.d_model, o["warmup"], o.get("lr"), o.get("scale", 1.0))
+        opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o["betas"]), eps=o["eps"],
+                               weight_decay=o.get("weight_decay", 0.0))
+        # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt_factor(s + 1, o["warmup"]))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- validation / test --------------------------------------------------------------------
+    def _reset_eval(self) -> None:
+        self._sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, ntokens
+        self._hyps: dict[int, str] = {}
+
+    def _eval_step(self, batch: dict, bleu: bool) -> None:
+        loss, nll, ntok = self._loss(batch)
+        self._sums += torch.tensor([loss.item(), nll.item(), ntok.item()], dtype=torch.float64)
+        if bleu:
+            self._hyps.update(translate_batches(self.model, [batch], self.decode, self._detok))
+
+    def _detok(self, ids: list[list[int]]) -> list[str]:
+        return self.trainer.datamodule.tokenizer.decode(ids)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, bleu=self.eval_cfg.get("valid_bleu", True))
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, bleu=True)
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset_eval()
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _gather(self) -> tuple[torch.Tensor, dict[int, str]]:
+        sums, hyps = self._sums.clone(), dict(self._hyps)
+        if _dist():
+            sums = sums.to(self.device)
+            dist.all_reduce(sums)
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, hyps)
+            hyps = {k: v for p in parts for k, v in p.items()}  # repeated padding batches collapse here
+        return sums.cpu(), hyps
+
+    def _finish_split(self, split: str) -> None:
+        sums, hyps = self._gather()
+        loss, nll, ntok = sums.tolist()
+        ntok = max(ntok, 1.0)
+        metrics = {f"{split}/loss": loss / ntok, f"{split}/nll": nll / ntok,
+                   f"{split}/ppl": math.exp(min(nll / ntok, 50.0))}
+        result = {k.split("/")[1]: v for k, v in metrics.items()}
+        if hyps and not self.trainer.sanity_checking:
+            refs = self.trainer.datamodule.references(split)
+            s = score(ordered(hyps, len(refs)), refs)
+            metrics.update({f"{split}/bleu": s["bleu"], f"{split}/chrf": s["chrf"]})
+            result.update(s)
+            result["hypotheses"] = ordered(hyps, len(refs))
+        self.log_dict(metrics, sync_dist=False, prog_bar=split == "valid")
+        self.split_scores[split] = result
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish_split("valid")
+
+    def on_test_epoch_end(self) -> None:
+        self._finish_split("test")
+
+    # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["model_config"] = self.model_cfg.to_dict()
+        if self.tokenizer_proto is not None:
+            checkpoint["tokenizer_proto"] = self.tokenizer_proto
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokenizer_proto = checkpoint.get("tokenizer_proto", self.tokenizer_proto)

@@ -1,0 +1,24 @@
+"""Inverse-square-root learning rate with linear warmup (Vaswani et al. 2017, 5.3).
+
+Paper: lr(step) = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), times an optional scale.
+That is peak * min(step / warmup, sqrt(warmup / step)) with
+peak = scale * d_model^-0.5 * warmup^-0.5 reached at step == warmup, which is how fairseq's
+``inverse_sqrt`` states it; we accept either the peak (``optim.lr``) or the paper's scale.
+"""
+from __future__ import annotations
+
+import math
+
+
+def peak_lr(d_model: int, warmup: int, lr: float | None, scale: float = 1.0) -> float:
+    if lr is not None:
+        return float(lr)
+    return scale * d_model ** -0.5 * max(warmup, 1) ** -0.5
+
+
+def inverse_sqrt_factor(step: int, warmup: int) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (1-based, as in the paper)."""
+    step = max(step, 1)
+    if warmup <= 0:  # no warmup (Nguyen & Salazar 2019 train ScaleNorm+FixNorm this way)
+        return 1.0 / math.sqrt(step)
+    return min(step / warmup, math.sqrt(warmup / step))

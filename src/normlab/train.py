@@ -1,0 +1,127 @@
+"""run(cfg): validate, build data + model + trainer, fit, score, write results.json.
+
+`train.py` at the project root is the Hydra entry point; this module holds the work so that
+tests and other commands can call it with a composed config.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.checkpoint import AtomicCheckpointIO, write_json
+from normlab.config import validate_run_config
+from normlab.lit_module import Seq2SeqModule
+from normlab.loggers import build_logger, finish_logger
+
+log = logging.getLogger("normlab")
+CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment")
+
+
+def hydra_choices() -> dict[str, str | None]:
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {k: choices.get(k) for k in CHOICE_GROUPS if k in choices}
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(cfg.get("run_dir") or "outputs/manual")
+
+
+def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
+    """W&B name, group and tags from the Hydra choices, so the dashboard groups by them."""
+    group = cfg.get("group") or (HydraConfig.get().runtime.get("choices", {}).get("experiment")
+                                 if HydraConfig.initialized() else None) or "default"
+    if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
+        group = cfg.get("group") or Path(HydraConfig.get().sweep.dir).name
+    m = cfg.model
+    tags = [f"{k}:{v}" for k, v in choices.items() if v is not None]
+    tags += [f"enc:{m.encoder_layers}", f"dec:{m.decoder_layers}", f"seed:{cfg.seed}", *cfg.get("tags", [])]
+    return str(cfg.name), str(group), tags
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
+    ck = cfg.callbacks.checkpoint
+    monitor = ck.monitor if cfg.eval.valid_bleu or "bleu" not in ck.monitor else "valid/loss"
+    mode = ck.mode if monitor == ck.monitor else "min"
+    checkpoint = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best-step{step}",
+                                 monitor=monitor, mode=mode, save_top_k=ck.save_top_k,
+                                 save_last=ck.save_last, auto_insert_metric_name=False)
+    callbacks: list = [checkpoint]
+    for name, node in cfg.callbacks.items():  # further callbacks: any node with a _target_
+        if isinstance(node, DictConfig) and "_target_" in node:
+            callbacks.append(hydra.utils.instantiate(node))
+    return callbacks
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    t0 = time.time()
+    validate_run_config(cfg)  # fails before any data is read, naming the key
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    choices = hydra_choices()
+    L.seed_everything(cfg.seed, workers=True)
+
+    dm = hydra.utils.instantiate(cfg.data)
+    dm.setup("fit")
+    tok = dm.tokenizer
+    tok.save(run_dir / "tokenizer")
+    from normlab.config import model_config_from_hydra
+
+    model_cfg = model_config_from_hydra(cfg, vocab_size=tok.vocab_size,
+                                        special={"pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
+    module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
+                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto)
+    name, group, tags = describe(cfg, choices)
+    full_cfg = OmegaConf.to_container(cfg, resolve=True)
+    logger = build_logger(cfg.logger, run_dir, cfg.project, name, group, tags, config=full_cfg | {"choices": choices})
+    callbacks = build_callbacks(cfg, run_dir)
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
+                                                 plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
+    results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "name": name,
+                               "group": group, "seed": cfg.seed, "params": module.model.num_parameters()}
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("resume"))
+        results.update(status=getattr(module, "status", "completed"), **getattr(module, "divergence", {}))
+        results.update(_final_scores(cfg, trainer, module, dm))
+    finally:
+        results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
+                       wall_s=round(time.time() - t0, 1))
+        if trainer.is_global_zero:
+            write_json(run_dir / "results.json", results)
+        finish_logger(logger)
+    if trainer.is_global_zero:
+        log.info("test BLEU %s  (%s)", results.get("test_bleu"), results.get("bleu_signature"))
+        print(f"\nrun folder: {run_dir}\ntest BLEU: {results.get('test_bleu')}  chrF: {results.get('test_chrf')}"
+              f"  ({results.get('bleu_signature')})")
+    return results
+
+
+def _final_scores(cfg: DictConfig, trainer: L.Trainer, module: Seq2SeqModule, dm) -> dict[str, Any]:
+    """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
+    if trainer.interrupted or getattr(module, "status", "completed") != "completed":
+        return {}
+    ck = trainer.checkpoint_callback
+    ckpt = "best" if ck is not None and ck.best_model_path else None
+    out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}
+    trainer.validate(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
+    v = module.split_scores.get("valid", {})
+    out.update(valid_loss=v.get("loss"), valid_ppl=v.get("ppl"), valid_bleu=v.get("bleu"), valid_chrf=v.get("chrf"))
+    if cfg.eval.test:
+        trainer.test(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
+        t = module.split_scores.get("test", {})
+        out.update(test_loss=t.get("loss"), test_bleu=t.get("bleu"), test_chrf=t.get("chrf"),
+                   bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
+        if trainer.is_global_zero and "hypotheses" in t:
+            (run_dir_of(cfg) / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
+    return out

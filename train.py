@@ -1,0 +1,22 @@
+"""Train and score one model: `python train.py [overrides]`, or a sweep with `-m`.
+
+Examples:
+    python train.py                                   # the CPU default on the bundled de-en corpus
+    python train.py norm=postnorm model.encoder_layers=6 seed=3
+    python train.py -m norm=postnorm,prenorm model.encoder_layers=6,12
+    python train.py --help                            # config groups and options
+"""
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from normlab.train import run  # imported late so `--help` stays fast
+
+    results = run(cfg)
+    return results.get("valid_bleu")  # the value an Optuna sweeper maximises
+
+
+if __name__ == "__main__":
+    main()
