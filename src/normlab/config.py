@@ -89,7 +89,8 @@ class ModelConfig:
     activation_dropout: float = 0.0
     max_positions: int = 256
     learned_positions: bool = False
-    share_embeddings: bool = True  # encoder, decoder and output projection share one matrix
+    share_embeddings: bool = True  # encoder and decoder share one embedding matrix
+    tie_output_embeddings: bool = True  # output projection = decoder embedding (Press & Wolf 2017)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2

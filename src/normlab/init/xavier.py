@@ -1,0 +1,29 @@
+"""Default initialisation (Vaswani et al. 2017 do not state one; this is fairseq's).
+
+- every nn.Linear: xavier_uniform weight, zero bias. fairseq's attention uses gain 1/√2 on the
+  q/k/v projections to mimic one xavier over the fused (3d, d) matrix; we keep gain 1 on each
+  separate projection, which is what "xavier on every linear" means.
+- every nn.Embedding (token, learned-position, untied output tables): normal(0, d^-0.5) with the
+  padding row zeroed, as fairseq's `Embedding()` does, so that embedding × √d has unit scale per
+  coordinate.
+Norm parameters (LayerNorm/RMSNorm weight 1, bias 0; ScaleNorm g = √d), Admin's ω (ones) and the
+FixNorm output g are left at their constructors' values.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def xavier_init_(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=module.embedding_dim ** -0.5)
+            if module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+    return model

@@ -1,0 +1,116 @@
+"""Multi-head attention over `F.scaled_dot_product_attention`, with a KV cache and a head-mask hook.
+
+Attention(Q, K, V) = softmax(QKᵀ/√d_k) V (Vaswani et al. 2017, 3.2.1); SDPA computes exactly
+that with its default scale 1/√d_k and picks a fused kernel, so there is no slow path in training.
+Projections are separate q/k/v/out `nn.Linear`s with bias so `torch.nn.MultiheadAttention`
+weights copy in (its in_proj_weight rows are [q; k; v]); kdim/vdim let the decoder attend to an
+encoder of another width.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# kind of each attention module, so the DropHead regularizer can pick which ones to mask
+# (RegularizerConfig.drophead_encoder_self / drophead_decoder_self / drophead_cross).
+KINDS = ("encoder_self", "decoder_self", "cross")
+
+
+class IncrementalCache:
+    # Keys/values of every attention module for step-by-step decoding, keyed by the module itself,
+    # plus `length`: target positions already decoded (the positional offset of the next step).
+    def __init__(self):
+        self.length = 0
+        self._states: dict[nn.Module, dict[str, torch.Tensor]] = {}
+
+    def state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        return self._states.setdefault(module, {})
+
+    def reorder(self, indices: torch.Tensor) -> None:
+        # Beam search reorders (and greedy drops finished rows) along the batch dimension.
+        for state in self._states.values():
+            for key, value in state.items():
+                state[key] = value.index_select(0, indices)
+
+
+class MultiheadAttention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                 kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self"):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}; allowed values: {', '.join(KINDS)}")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.dropout = dropout
+        self.kind = kind
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
+        self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # Scheduled DropHead (Zhou et al. 2020): the schedule callback sets `drophead_p`; the
+        # regularizer installs `head_mask_fn(module, batch_size) -> (B, H)` mask (already rescaled).
+        # It is called only in training with p > 0; an explicit `head_mask` argument wins.
+        self.drophead_p = 0.0
+        self.head_mask_fn: Callable[[nn.Module, int], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
+                key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                cache: IncrementalCache | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (B, T, D) queries; memory: (B, S, kdim) for cross-attention, None for self-attention.
+        # key_padding_mask: (B, S) bool, True = pad (ignored).
+        B, T, _ = x.shape
+        q = self._split(self.q_proj(x))  # (B, H, T, Dh)
+        k, v = self._keys_values(x, memory, cache)  # (B, H, S, Dh) each
+        attn_mask, is_causal = _attention_mask(key_padding_mask, causal, T, k.size(2), x.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        if head_mask is None and self.head_mask_fn is not None and self.training and self.drophead_p > 0:
+            head_mask = self.head_mask_fn(self, B)
+        if head_mask is not None:
+            out = out * head_mask.to(out.dtype)[:, :, None, None]  # (B, H, 1, 1) x (B, H, T, Dh)
+        out = out.transpose(1, 2).reshape(B, T, self.embed_dim)  # (B, T, D)
+        return self.out_proj(out)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _keys_values(self, x, memory, cache):
+        if memory is not None:
+            # Cross-attention: the encoder's keys/values depend only on the source, so a cache
+            # computes them at the first step and reuses them for every later step.
+            state = cache.state(self) if cache is not None else None
+            if state:
+                return state["k"], state["v"]
+            k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+            if state is not None:
+                state["k"], state["v"] = k, v
+            return k, v
+        k, v = self._split(self.k_proj(x)), self._split(self.v_proj(x))
+        if cache is not None:
+            # Self-attention: append this step's keys/values to the prefix's.
+            state = cache.state(self)
+            if state:
+                k = torch.cat([state["k"], k], dim=2)  # (B, H, S_prev + T, Dh)
+                v = torch.cat([state["v"], v], dim=2)
+            state["k"], state["v"] = k, v
+        return k, v
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, heads={self.num_heads}, dropout={self.dropout}"
+
+
+def _attention_mask(key_padding_mask, causal: bool, tq: int, tk: int, device):
+    # SDPA's boolean mask means True = attend, the opposite of key_padding_mask's True = pad.
+    mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    if not causal or tq == 1:
+        return mask, False  # one new query attends to the whole cached prefix
+    if mask is None and tq == tk:
+        return None, True  # lets SDPA pick its causal kernel
+    # Queries are the last tq of tk positions (a cached prefix): query i sees keys <= i + tk - tq.
+    future = torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)  # (T, S)
+    return (future if mask is None else mask & future), False

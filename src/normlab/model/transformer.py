@@ -1,0 +1,153 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017) built from a ModelConfig alone.
+
+Norm type and placement are injected through ResidualBlock (residual.py); layers sit in an
+`nn.ModuleList` called `layers` and are run by `for layer in self.layers`, so LayerDrop (Fan et al.
+2019) can swap in a ModuleList whose iterator skips layers without touching these loops.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normlab.config import ModelConfig
+from normlab.init.xavier import xavier_init_
+from normlab.model.attention import IncrementalCache, MultiheadAttention
+from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
+                                      SinusoidalPositions, TokenEmbedding)
+from normlab.model.norms import build_norm
+from normlab.model.residual import ResidualBlock, final_norm
+
+
+class FeedForward(nn.Module):
+    # FFN(x) = max(0, xW1 + b1)W2 + b2 (Vaswani et al. 3.3); dropout on the hidden ReLU output is
+    # fairseq's activation_dropout (the authors of Transformers without Tears use it too).
+    def __init__(self, d: int, ffn: int, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d, ffn)
+        self.fc2 = nn.Linear(ffn, d)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int) -> ResidualBlock:
+    # Admin (Liu et al. 2020) adds a trainable ω to every residual branch.
+    return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, cfg.norm.placement, cfg.dropout,
+                         omega=cfg.init == "admin")
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int):
+        super().__init__()
+        attn = MultiheadAttention(d, heads, cfg.attention_dropout, kind="encoder_self")
+        self.self_attn = _residual(cfg, attn, d)
+        self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
+
+    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        x = self.self_attn(x, key_padding_mask=src_pad_mask)
+        return self.ffn(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int):
+        super().__init__()
+        self_attn = MultiheadAttention(d, heads, cfg.attention_dropout, kind="decoder_self")
+        # Queries come from the decoder, keys and values from the encoder output (Vaswani 3.2.3).
+        cross = MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim,
+                                   kind="cross")
+        self.self_attn = _residual(cfg, self_attn, d)
+        self.cross_attn = _residual(cfg, cross, d)
+        self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
+                cache: IncrementalCache | None = None) -> torch.Tensor:
+        x = self.self_attn(x, causal=True, cache=cache)
+        x = self.cross_attn(x, memory, key_padding_mask=src_pad_mask, cache=cache)
+        return self.ffn(x)
+
+
+def _positions(cfg: ModelConfig, d: int) -> nn.Module:
+    cls = LearnedPositions if cfg.learned_positions else SinusoidalPositions
+    return cls(cfg.max_positions, d)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
+        super().__init__()
+        d = cfg.d_model
+        self.pad_id = cfg.pad_id
+        self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
+                                    for _ in range(cfg.encoder_layers))
+        self.final_norm = final_norm(cfg.norm, d)
+
+    def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
+        x = self.embed(src)  # (B, S, D)
+        for layer in self.layers:
+            x = layer(x, src_pad_mask)
+        return self.final_norm(x), src_pad_mask
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
+        super().__init__()
+        d = cfg.decoder_d_model
+        self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
+                                    for _ in range(cfg.decoder_layers))
+        self.final_norm = final_norm(cfg.norm, d)
+
+    def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
+                cache: IncrementalCache | None = None) -> torch.Tensor:
+        # Target padding needs no mask: pads sit after the real tokens and the causal mask already
+        # hides later positions; outputs at pad positions are ignored by the loss.
+        offset = 0 if cache is None else cache.length
+        x = self.embed(tgt_in, offset)  # (B, T, D_dec)
+        for layer in self.layers:
+            x = layer(x, memory, src_pad_mask, cache)
+        if cache is not None:
+            cache.length += tgt_in.size(1)
+        return self.final_norm(x)
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        V, fixnorm = cfg.vocab_size, cfg.norm.fixnorm
+        enc_tokens = TokenEmbedding(V, cfg.d_model, cfg.pad_id, fixnorm)
+        dec_tokens = (enc_tokens if cfg.share_embeddings
+                      else TokenEmbedding(V, cfg.decoder_d_model, cfg.pad_id, fixnorm))
+        self.encoder = Encoder(cfg, enc_tokens)
+        self.decoder = Decoder(cfg, dec_tokens)
+        tied = dec_tokens if cfg.tie_output_embeddings else None
+        self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm)
+        xavier_init_(self)
+
+    @classmethod
+    def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":
+        return cls(ModelConfig.from_dict(d))
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        memory, src_pad_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_pad_mask)  # (B, T, V)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(src)  # (B, S, D), (B, S) bool True = pad
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
+               cache: IncrementalCache | None = None) -> torch.Tensor:
+        # With a cache, tgt_in holds only the new step(s); keys/values of the prefix come from it.
+        return self.output_projection(self.decoder(tgt_in, memory, src_pad_mask, cache))  # (B, T, V)
+
+    def new_cache(self) -> IncrementalCache:
+        return IncrementalCache()
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        # parameters() yields each shared (tied) tensor once.
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
