@@ -43,26 +43,31 @@ def _copy(dst: nn.Module, src: nn.Module):
     dst.load_state_dict(src.state_dict())
 
 
-def _randomize_norms(ref: nn.Module):
+def _copy_torch_layer(ours: nn.Module, ref: nn.Module):
+    # torch's Transformer{Encoder,Decoder}Layer -> ours; its norms are randomised first so that
+    # a missed copy of a norm's weight or bias shows.
     for m in ref.modules():
         if isinstance(m, nn.LayerNorm):
             nn.init.uniform_(m.weight, 0.5, 1.5)
             nn.init.uniform_(m.bias, -0.5, 0.5)
+    blocks = [ours.self_attn, ours.ffn]
+    _copy_attention(ours.self_attn.sublayer, ref.self_attn)
+    if hasattr(ref, "multihead_attn"):
+        _copy_attention(ours.cross_attn.sublayer, ref.multihead_attn)
+        blocks.insert(1, ours.cross_attn)
+    _copy(ours.ffn.sublayer.fc1, ref.linear1)
+    _copy(ours.ffn.sublayer.fc2, ref.linear2)
+    for i, block in enumerate(blocks, start=1):
+        _copy(block.norm, getattr(ref, f"norm{i}"))
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_encoder_layer_equals_torch(placement):
     torch.manual_seed(0)
-    cfg = tiny(norm={"placement": placement})
     ref = nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, batch_first=True,
                                      norm_first=placement == "pre").eval()
-    _randomize_norms(ref)
-    ours = EncoderLayer(cfg, 16, 4, 24).eval()
-    _copy_attention(ours.self_attn.sublayer, ref.self_attn)
-    _copy(ours.ffn.sublayer.fc1, ref.linear1)
-    _copy(ours.ffn.sublayer.fc2, ref.linear2)
-    _copy(ours.self_attn.norm, ref.norm1)
-    _copy(ours.ffn.norm, ref.norm2)
+    ours = EncoderLayer(tiny(norm={"placement": placement}), 16, 4, 24).eval()
+    _copy_torch_layer(ours, ref)
     x = torch.randn(3, 7, 16)
     pad = torch.zeros(3, 7, dtype=torch.bool)
     pad[0, 4:] = True
@@ -74,17 +79,10 @@ def test_encoder_layer_equals_torch(placement):
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_decoder_layer_equals_torch(placement):
     torch.manual_seed(1)
-    cfg = tiny(norm={"placement": placement})
     ref = nn.TransformerDecoderLayer(16, 2, 20, dropout=0.0, batch_first=True,
                                      norm_first=placement == "pre").eval()
-    _randomize_norms(ref)
-    ours = DecoderLayer(cfg, 16, 2, 20, memory_dim=16).eval()
-    _copy_attention(ours.self_attn.sublayer, ref.self_attn)
-    _copy_attention(ours.cross_attn.sublayer, ref.multihead_attn)
-    _copy(ours.ffn.sublayer.fc1, ref.linear1)
-    _copy(ours.ffn.sublayer.fc2, ref.linear2)
-    for block, norm in [(ours.self_attn, ref.norm1), (ours.cross_attn, ref.norm2), (ours.ffn, ref.norm3)]:
-        _copy(block.norm, norm)
+    ours = DecoderLayer(tiny(norm={"placement": placement}), 16, 2, 20, memory_dim=16).eval()
+    _copy_torch_layer(ours, ref)
     x, memory = torch.randn(3, 6, 16), torch.randn(3, 7, 16)
     mem_pad = torch.zeros(3, 7, dtype=torch.bool)
     mem_pad[1, 3:] = True
