@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -279,3 +282,12 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(model(src, tgt), model(src, tgt))
     model.train()
     assert not torch.allclose(model(src, tgt), model(src, tgt))
+
+
+def test_model_package_imports_neither_lightning_nor_hydra():
+    # A checkpoint must rebuild the model in a plain Python session (design: arrows run one way).
+    code = ("import sys, normlab.model.transformer, normlab.decoding.greedy; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra')]; "
+            "sys.exit(f'imported: {bad}' if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
