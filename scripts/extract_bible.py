@@ -42,7 +42,8 @@ _WEB_PSALM_HEAD = re.compile(r"\s*(?:BOOK [IVX]+\s+)?Psalm (\d+)(?:\s+(.*))?$")
 # Elberfelder: "* * *" ends the five books of Psalms, "*" separates the sections of Psalm 119,
 # "(*)" stands for an omitted verse (Matthew 23:14).
 _DE_STARS = re.compile(r"(?:^|\s)\(?\*\)?(?=\s|$)")
-# Elberfelder ends 886 verses with " -", a paragraph mark with no counterpart in the target.
+# Elberfelder (886 verses) and Segond end verses with " -", a paragraph mark that has no
+# counterpart in the WEB target.
 _TRAILING_DASH = re.compile(r"\s+-$")
 _SPACE = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
@@ -89,6 +90,7 @@ def clean(text: str, lang: str) -> str:
         text = _FR_VERSE_MARK.sub("", text)
     if lang == "de":
         text = _DE_STARS.sub("", text)
+    if lang in ("de", "fr"):
         text = _TRAILING_DASH.sub("", text.strip())
     # WEB writes every apostrophe and inner quote as a backtick (God`s, `You shall ...`).
     text = text.replace("`", "'")
