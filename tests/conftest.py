@@ -1,0 +1,46 @@
+import gzip
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+
+
+def read_lines(path: Path, n: int, skip: int = 0) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return lines[skip:skip + n]
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> dict[str, str]:
+    """A few hundred real de-en pairs from the bundled corpus, as plain files."""
+    out = tmp_path_factory.mktemp("corpus")
+    src = ROOT / "data" / "bible_de_en"
+    spec = {"train": ("valid", 600, 0), "valid": ("test", 40, 0), "test": ("test", 40, 40)}
+    paths = {}
+    for split, (origin, n, skip) in spec.items():
+        for lang in ("de", "en"):
+            p = out / f"{split}.{lang}"
+            p.write_text("\n".join(read_lines(src / f"{origin}.{lang}.gz", n, skip)) + "\n", encoding="utf-8")
+            paths[f"{split}_{'src' if lang == 'de' else 'tgt'}"] = str(p)
+    return paths
+
+
+def tiny_overrides(corpus: dict[str, str], run_dir: Path, cache: Path) -> list[str]:
+    """A model and budget small enough for a few seconds of CPU."""
+    return [f"data.{k}={v}" for k, v in corpus.items()] + [
+        "data.vocab_size=300", "data.max_tokens=512", f"data.cache_dir={cache}",
+        "model.d_model=32", "model.encoder_ffn=64", "model.decoder_ffn=64",
+        "model.encoder_layers=2", "model.decoder_layers=2",
+        "trainer.max_steps=8", "trainer.val_check_interval=4", "trainer.log_every_n_steps=2",
+        "trainer.enable_progress_bar=false", "optim.warmup=4",
+        "logger=csv", "name=tiny-test", f"+run_dir={run_dir}",
+    ]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)

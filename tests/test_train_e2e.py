@@ -1,0 +1,55 @@
+"""A tiny end-to-end run: train a few steps, checkpoint, reload without Hydra, score again."""
+import json
+
+import pytest
+import torch
+
+from normlab.checkpoint import load_model, resolve_checkpoint
+from normlab.evaluation import make_decoder, ordered, score, translate_batches
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def finished_run(small_corpus, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache"))
+    results = run(cfg)
+    return run_dir, results, cfg
+
+
+def test_results_json(finished_run):
+    run_dir, results, _ = finished_run
+    saved = json.loads((run_dir / "results.json").read_text())
+    assert saved["status"] == "completed"
+    assert saved["steps"] == 8
+    for key in ("test_bleu", "valid_bleu", "valid_loss", "params", "train_tokens_per_s", "wall_s"):
+        assert isinstance(saved[key], (int, float)), key
+    assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert saved["params"] == results["params"] > 0
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "tokenizer" / "spm.model").is_file()
+    assert len((run_dir / "test.hyp").read_text().splitlines()) == 40
+
+
+def test_checkpoint_reloads_without_hydra_and_scores_the_same(finished_run, small_corpus):
+    run_dir, results, cfg = finished_run
+    model, tok = load_model(resolve_checkpoint(run_dir))
+    assert not model.training
+    from normlab.data.datamodule import TranslationDataModule
+
+    dm = TranslationDataModule(**{k: v for k, v in cfg.data.items() if k != "_target_"})
+    dm.setup("test")
+    hyps = translate_batches(model, dm.dataloader("test"), make_decoder(), tok.decode)
+    refs = dm.references("test")
+    assert score(ordered(hyps, len(refs)), refs)["bleu"] == results["test_bleu"]
+
+
+def test_loss_decreases(finished_run):
+    import csv
+
+    run_dir = finished_run[0]
+    rows = list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert len(losses) >= 2 and losses[-1] < losses[0]
