@@ -105,6 +105,8 @@ def test_round_trip_and_save_load(train_files, tmp_path):
     assert saved == tmp_path / "run" / "spm.model"
     again = Tokenizer.load(tmp_path / "run")
     assert again.encode(lines) == ids and again.vocab_size == tok.vocab_size
+    from_bytes = Tokenizer.from_proto(tok.proto)
+    assert from_bytes.encode(lines) == ids and from_bytes.proto == saved.read_bytes()
 
 
 def test_decode_stops_at_eos_and_skips_pad_bos(train_files, tmp_path):

@@ -131,6 +131,8 @@ class TranslationDataModule(L.LightningDataModule):
 
     # -- loaders ------------------------------------------------------------------------------
     def _replicas(self) -> tuple[int, int]:
+        # The batch sampler shards itself, so under DDP the Trainer needs
+        # use_distributed_sampler=False (Lightning cannot wrap a custom batch sampler).
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return 1, 0

@@ -100,6 +100,15 @@ class Tokenizer:
         return cls.load(final / MODEL_FILE)
 
     @classmethod
+    def from_proto(cls, model_proto: bytes) -> "Tokenizer":
+        """From the serialized model, e.g. as stored inside a checkpoint."""
+        return cls(model_proto)
+
+    @property
+    def proto(self) -> bytes:
+        return self._proto
+
+    @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
         path = Path(path)
         if path.is_dir():
