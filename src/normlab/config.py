@@ -67,10 +67,14 @@ class RegularizerConfig:
     drophead_encoder_self: bool = True
     drophead_decoder_self: bool = True
     drophead_cross: bool = True
+    # uniform: every layer dropped with the stack's rate; learned: per-layer rates with mean held at
+    # the stack's rate, learned in training for data-driven pruning (regularizers/layerdrop.py).
+    layerdrop_rates: str = "uniform"
 
     def validate(self) -> None:
         for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):
             _prob(f"regularizer.{key}", getattr(self, key))
+        _choice("regularizer.layerdrop_rates", self.layerdrop_rates, ("uniform", "learned"))
 
 
 @dataclass
@@ -151,7 +155,8 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
     for group, node, cls in (("norm", norm, NormConfig), ("regularizer", reg, RegularizerConfig)):
         allowed = {f.name for f in dataclasses.fields(cls)}
         for key in node:
-            _check(key in allowed or key.startswith("_") or key in ("name", "schedule", "pruning"),
+            _check(key in allowed or key.startswith("_") or key in ("name", "schedule", "pruning",
+                                                                    "drophead_warmup", "drophead_p_start"),
                    f"{group}.{key} is not a {group} option; allowed: {', '.join(sorted(allowed))}")
     norm = {k: v for k, v in norm.items() if k in {f.name for f in dataclasses.fields(NormConfig)}}
     reg = {k: v for k, v in reg.items() if k in {f.name for f in dataclasses.fields(RegularizerConfig)}}
