@@ -19,6 +19,8 @@ from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputPr
                                       SinusoidalPositions, TokenEmbedding)
 from normlab.model.norms import build_norm
 from normlab.model.residual import ResidualBlock, final_norm
+from normlab.regularizers.drophead import enabled_kinds, install_drophead
+from normlab.regularizers.layerdrop import layer_list
 
 
 class FeedForward(nn.Module):
@@ -81,8 +83,10 @@ class Encoder(nn.Module):
         d = cfg.d_model
         self.pad_id = cfg.pad_id
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
-                                    for _ in range(cfg.encoder_layers))
+        reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
+        self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
+                                  for _ in range(cfg.encoder_layers)), reg.encoder_layerdrop,
+                                 reg.layerdrop_rates, salt=1)
         self.final_norm = final_norm(cfg.norm, d)
 
     def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +102,10 @@ class Decoder(nn.Module):
         super().__init__()
         d = cfg.decoder_d_model
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
-                                    for _ in range(cfg.decoder_layers))
+        reg = cfg.regularizer
+        self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
+                                  for _ in range(cfg.decoder_layers)), reg.decoder_layerdrop,
+                                 reg.layerdrop_rates, salt=2)
         self.final_norm = final_norm(cfg.norm, d)
 
     def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
@@ -128,6 +134,10 @@ class Seq2SeqTransformer(nn.Module):
         tied = dec_tokens if cfg.tie_output_embeddings else None
         self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm)
         xavier_init_(self)
+        # Scheduled DropHead (Zhou et al. 2020): the hook on the chosen attention kinds; the
+        # schedule callback changes p during training. Never called while p = 0.
+        if cfg.regularizer.drophead > 0:
+            install_drophead(self, cfg.regularizer.drophead, enabled_kinds(cfg.regularizer))
 
     @classmethod
     def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":
