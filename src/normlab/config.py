@@ -170,6 +170,8 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
 def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
     model_cfg = model_config_from_hydra(cfg, vocab_size=int(cfg.data.vocab_size))
+    reg = cfg.get("regularizer") or {}
+    _choice("regularizer.schedule", reg.get("schedule") or "constant", ("constant", "v_shape"))
     o = cfg.optim
     _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
     _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")

@@ -61,7 +61,10 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     for name, node in cfg.callbacks.items():  # further callbacks: any node with a _target_
         if isinstance(node, DictConfig) and "_target_" in node:
             callbacks.append(hydra.utils.instantiate(node))
-    return callbacks
+    from normlab.callbacks.drophead_schedule import schedule_callback
+
+    drophead = schedule_callback(cfg)  # sets DropHead's p every step; None when regularizer.drophead = 0
+    return callbacks + ([drophead] if drophead is not None else [])
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

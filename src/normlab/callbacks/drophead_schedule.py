@@ -1,0 +1,55 @@
+"""Sets the DropHead rate p before every training batch and logs it (`regularizer/drophead_p`).
+
+p is a pure function of `trainer.global_step` (optimizer steps done; the schedule's step is that
++ 1, see regularizers/schedules.py), so a run resumed from a checkpoint, whose global_step Lightning
+restores before the first batch, continues the schedule where it stopped: the callback keeps no
+state of its own (its state_dict records the last value for inspection only).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from normlab.regularizers.drophead import set_drophead_p
+from normlab.regularizers.schedules import SCHEDULES, schedule_value
+
+
+class DropHeadSchedule(L.Callback):
+    def __init__(self, p: float, schedule: str = "constant", warmup: int | None = None,
+                 total: int | None = None, p_start: float | None = None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"regularizer.schedule={schedule!r} is not valid; allowed values: {', '.join(SCHEDULES)}")
+        self.p, self.schedule, self.warmup, self.total, self.p_start = p, schedule, warmup, total, p_start
+        self.last_p: float | None = None
+
+    def value(self, global_step: int, warmup: int, total: int | None) -> float:
+        return schedule_value(self.schedule, global_step + 1, self.p, total, warmup, self.p_start)
+
+    def _resolved(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[int, int | None]:
+        # Defaults: the LR warmup (Zhou et al. 2020 tie the V's bottom to it) and the last step.
+        warmup = self.warmup if self.warmup is not None else int(getattr(pl_module, "optim_cfg", {}).get("warmup", 0))
+        total = self.total if self.total is not None else (trainer.max_steps if trainer.max_steps > 0 else None)
+        return warmup, total
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        warmup, total = self._resolved(trainer, pl_module)
+        p = self.value(trainer.global_step, warmup, total)
+        set_drophead_p(pl_module, p)
+        self.last_p = p
+        pl_module.log("regularizer/drophead_p", p, prog_bar=False, on_step=True, on_epoch=False, batch_size=1)
+
+    def state_dict(self) -> dict:
+        return {"last_p": self.last_p}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_p = state.get("last_p")
+
+
+def schedule_callback(cfg) -> DropHeadSchedule | None:
+    """The callback for a Hydra run config, or None when regularizer.drophead is 0."""
+    reg = cfg.get("regularizer")
+    if reg is None or not reg.get("drophead", 0.0):
+        return None
+    return DropHeadSchedule(p=float(reg.drophead), schedule=reg.get("schedule") or "constant",
+                            warmup=reg.get("drophead_warmup"), p_start=reg.get("drophead_p_start"))
