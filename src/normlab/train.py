@@ -58,7 +58,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
                                  monitor=monitor, mode=mode, save_top_k=ck.save_top_k,
                                  save_last=ck.save_last, auto_insert_metric_name=False)
     callbacks: list = [checkpoint]
-    for name, node in cfg.callbacks.items():  # further callbacks: any node with a _target_
+    # further callbacks: any node with a _target_ in `callbacks`, or in `init` (Admin's profiling)
+    for name, node in [*cfg.callbacks.items(), *(cfg.get("init") or {}).items()]:
         if isinstance(node, DictConfig) and "_target_" in node:
             callbacks.append(hydra.utils.instantiate(node))
     from normlab.callbacks.drophead_schedule import schedule_callback
