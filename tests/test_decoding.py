@@ -70,7 +70,7 @@ def naive_greedy(model, src, max_len_a, max_len_b, min_len):
     with torch.no_grad():
         for row in src:
             row = row[row.ne(PAD)][None]
-            limit = min(int(row.size(1) * max_len_a + max_len_b), model.cfg.max_positions)
+            limit = min(int(row.size(1) * max_len_a + max_len_b), model.cfg.max_positions - 1)
             prefix = [BOS]
             while len(prefix) - 1 < limit:
                 logits = model(row, torch.tensor([prefix]))[0, -1]

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import torch
 
+from normlab.decoding.beam import max_lengths
+
 
 @torch.no_grad()
 def greedy_decode(model, src: torch.Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
                   min_len: int = 0) -> list[list[int]]:
     # Returns, per source row, the token ids produced before EOS (no BOS/EOS/PAD).
     # Length limit per sentence: max_len_a · |src| + max_len_b tokens (|src| counts non-pad ids;
-    # Vaswani et al. 2017 decode up to |src| + 50), capped by the model's max_positions.
+    # Vaswani et al. 2017 decode up to |src| + 50), capped at max_positions - 1 as in beam search
+    # (which needs one more position to score the EOS), so greedy == beam search with beam 1.
     cfg = model.cfg
     was_training = model.training
     model.eval()
     try:
         memory, src_pad_mask = model.encode(src)  # (B, S, D), (B, S)
-        src_len = (~src_pad_mask).sum(dim=1)
-        max_len = (src_len * max_len_a + max_len_b).long().clamp(min=1, max=cfg.max_positions)
+        max_len = max_lengths(src_pad_mask, max_len_a, max_len_b, cfg.max_positions)  # (B,)
         B, steps = src.size(0), int(max_len.max())
         out = torch.full((B, steps), cfg.pad_id, dtype=torch.long, device=src.device)
         active = torch.arange(B, device=src.device)  # original rows still decoding
