@@ -60,6 +60,7 @@ class TranslationDataModule(L.LightningDataModule):
         src_lang: str = "src",
         tgt_lang: str = "tgt",
         name: str = "corpus",
+        tokenizer: Tokenizer | None = None,  # given (e.g. a checkpoint's): used instead of training one
         **kwargs,  # other keys of the Hydra data group (e.g. notes); not used here
     ):
         super().__init__()
@@ -76,11 +77,14 @@ class TranslationDataModule(L.LightningDataModule):
         self.seed, self.num_workers = seed, num_workers
         self.src_lang, self.tgt_lang, self.name = src_lang, tgt_lang, name
         self.tokenizer: Tokenizer | None = None
+        self._given_tokenizer = tokenizer
         self._raw: dict[str, tuple[list[str], list[str]]] = {}
         self.datasets: dict[str, TranslationDataset] = {}
         self.stats: dict[str, dict] = {}
 
     def _train_tokenizer(self) -> Tokenizer:
+        if self._given_tokenizer is not None:
+            return self._given_tokenizer
         return Tokenizer.train_or_load(list(self.paths["train"]), self.vocab_size, self.cache_dir,
                                        seed=self.seed)
 
