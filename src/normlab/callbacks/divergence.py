@@ -1,0 +1,96 @@
+"""Divergence is a result, not a crash (Wang et al. 2019 and Liu et al. 2020 report deep post-norm
+runs as "failed"/"diverged": a depth ablation must be able to print that in a cell).
+
+Rules (either stops the run):
+- non-finite: the training loss or the gradient is NaN/inf. The optimizer step of that batch is
+  skipped (every gradient is set to None before `optimizer.step`, so Adam leaves the weights and
+  its moments untouched), so the weights stay finite.
+- explosion: after `after_step` optimizer steps, the loss stays above `factor` × (lowest loss
+  seen so far) for `patience` consecutive steps. `factor: null` disables the rule.
+
+On divergence the callback sets `pl_module.status = "diverged"` and `pl_module.divergence =
+{diverged_step, last_finite_loss, divergence_reason}`; train.run copies both into results.json,
+skips the final scoring and returns normally (exit code 0, so multirun sweeps continue).
+Validation is switched off for the rest of the run (limit_val_batches = 0), so no checkpoint is
+written after the divergence: last.ckpt is the last one saved before it, with finite weights.
+`diverged_step` is the 0-based global step of the offending batch (the `step` column of the
+train/loss row that logger writes for it). Under DDP the decision is reduced over ranks (any
+rank diverged -> all stop), so no rank waits for another in a collective.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+
+def _loss_value(outputs: Any) -> float | None:
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) else None
+
+
+class DivergenceGuard(L.Callback):
+    def __init__(self, factor: float | None = 2.0, patience: int = 20, after_step: int = 0):
+        if factor is not None and factor <= 1:
+            raise ValueError(f"callbacks.divergence.factor={factor!r} must be > 1 (or null to disable)")
+        if patience < 1:
+            raise ValueError(f"callbacks.divergence.patience={patience!r} must be >= 1")
+        self.factor, self.patience, self.after_step = factor, patience, after_step
+        self.min_loss = math.inf
+        self.last_finite: float | None = None
+        self.above = 0
+        self.bad_grad = False
+        self._step = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+        self.bad_grad = False
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+            # DDP has already all-reduced the gradients: every rank takes the same decision here.
+            self.bad_grad = True
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = _loss_value(outputs)
+        reason = None
+        if loss is None or not math.isfinite(loss):
+            reason = f"non-finite loss ({loss})"
+        elif self.bad_grad:
+            reason = "non-finite gradient"
+        else:
+            self.last_finite = loss
+            if self._step >= self.after_step and self.factor is not None:
+                self.above = self.above + 1 if loss > self.factor * self.min_loss else 0
+                if self.above >= self.patience:
+                    reason = (f"loss explosion: {loss:.4g} > {self.factor} x lowest {self.min_loss:.4g} "
+                              f"for {self.patience} steps")
+            self.min_loss = min(self.min_loss, loss)
+        diverged = reason is not None
+        if trainer.world_size > 1:
+            diverged = trainer.strategy.reduce_boolean_decision(diverged, all=False)
+            reason = reason or "diverged on another rank"
+        if diverged:
+            self._stop(trainer, pl_module, reason)
+
+    def _stop(self, trainer, pl_module, reason: str) -> None:
+        pl_module.status = "diverged"
+        pl_module.divergence = {"diverged_step": self._step, "last_finite_loss": self.last_finite,
+                                "divergence_reason": reason}
+        trainer.limit_val_batches = 0  # no validation, hence no checkpoint, after divergence
+        trainer.should_stop = True
+        pl_module.print(f"training diverged at step {self._step}: {reason}")
+
+    def state_dict(self) -> dict:
+        return {"min_loss": self.min_loss, "last_finite": self.last_finite, "above": self.above}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.min_loss = state_dict["min_loss"]
+        self.last_finite = state_dict["last_finite"]
+        self.above = state_dict["above"]

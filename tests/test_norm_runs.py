@@ -1,0 +1,120 @@
+"""Tiny runs of the normalization-study features: init=admin end to end (ω profiled before step 1,
+saved, exported), and divergence turned into a result."""
+import json
+import math
+
+import pytest
+import torch
+
+from normlab.checkpoint import load_checkpoint, load_model
+from normlab.commands.export_admin import main as export_main
+from normlab.lit_module import Seq2SeqModule
+from normlab.train import build_callbacks, run
+
+from conftest import compose_cfg, tiny_overrides
+
+FAST = ["eval.valid_bleu=false", "eval.test=false"]  # no decoding: these tests are about training
+
+
+def overrides(small_corpus, tmp_path_factory, *extra):
+    run_dir = tmp_path_factory.mktemp("run")
+    return run_dir, tiny_overrides(small_corpus, run_dir, tmp_path_factory.getbasetemp() / "cache") + FAST + list(extra)
+
+
+@pytest.fixture(scope="module")
+def admin_run(small_corpus, tmp_path_factory):
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "norm=postnorm", "init=admin", "init.admin.batches=2")
+    return run_dir, run(compose_cfg(ov))
+
+
+def test_admin_run_profiles_omega_before_step_one_and_saves_it(admin_run):
+    run_dir, results = admin_run
+    assert results["status"] == "completed" and results["steps"] == 8
+    saved = json.loads((run_dir / "admin_omega.json").read_text())
+    assert saved["mode"] == "profile" and saved["batches"] == 2
+    omega = saved["omega"]
+    assert len(omega) == 2 * 2 + 2 * 3
+    assert omega["enc.0.self_attn"] == omega["dec.0.self_attn"] == 1.0
+    assert 1.0 < omega["enc.0.ffn"] < omega["enc.1.self_attn"] < omega["enc.1.ffn"]
+    # ω is a parameter: in the checkpoint, trained away from (but near) the profiled value
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    trained = state["model.encoder.layers.1.ffn.omega"]
+    assert trained.shape == (32,)
+    assert not torch.allclose(trained, torch.full((32,), omega["enc.1.ffn"]))
+    assert (trained - omega["enc.1.ffn"]).abs().max() < 0.1
+
+
+def test_export_cli_on_a_trained_admin_checkpoint(admin_run, tmp_path, capsys):
+    run_dir, _ = admin_run
+    out = tmp_path / "plain.ckpt"
+    # trained ω_1 != 1: not exact, so refused with the reason ...
+    assert export_main([str(run_dir), str(out)]) == 2
+    assert "first sub-layer" in capsys.readouterr().out and not out.exists()
+    # ... unless asked for the approximation, which loads as a plain post-norm model
+    assert export_main([str(run_dir), str(out), "--allow-inexact"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["inexact"]) == {"enc.0.self_attn", "dec.0.self_attn"}
+    model, tok = load_model(out)
+    assert model.cfg.init == "xavier" and tok is not None
+    assert not any(n.endswith("omega") for n, _ in model.named_parameters())
+    assert load_checkpoint(out)["admin_export"]["max_abs_logit_diff"] == pytest.approx(report["max_abs_logit_diff"])
+
+
+def test_admin_options_compose(small_corpus, tmp_path):
+    cfg = compose_cfg(["norm=postnorm", "init=admin", "init.admin.mode=closed_form", "logger=csv"])
+    admin = [c for c in build_callbacks(cfg, tmp_path) if type(c).__name__ == "AdminInit"]
+    assert len(admin) == 1 and admin[0].mode == "closed_form"
+    with pytest.raises(Exception, match="init.admin.mode=.fancy. is not valid"):
+        build_callbacks(compose_cfg(["norm=postnorm", "init=admin", "init.admin.mode=fancy"]), tmp_path)
+    xavier = compose_cfg(["logger=csv"])
+    assert not any(type(c).__name__ == "AdminInit" for c in build_callbacks(xavier, tmp_path))
+
+
+NAN_AT = 5  # 0-based global step whose loss is made NaN
+
+
+def test_induced_nan_is_a_diverged_result(small_corpus, tmp_path_factory, monkeypatch):
+    losses, finite_at_end = {}, []
+    original = Seq2SeqModule.training_step
+
+    def step(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        losses[self.global_step] = loss.item()
+        return loss * float("nan") if self.global_step == NAN_AT else loss
+
+    def on_train_end(self):
+        finite_at_end.append(all(torch.isfinite(p).all() for p in self.parameters()))
+
+    monkeypatch.setattr(Seq2SeqModule, "training_step", step)
+    monkeypatch.setattr(Seq2SeqModule, "on_train_end", on_train_end, raising=False)
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "trainer.max_steps=20")
+    results = run(compose_cfg(ov))  # returns normally
+    saved = json.loads((run_dir / "results.json").read_text())
+    assert saved["status"] == "diverged"
+    assert saved["diverged_step"] == NAN_AT
+    assert saved["last_finite_loss"] == pytest.approx(losses[NAN_AT - 1])
+    assert "non-finite" in saved["divergence_reason"]
+    assert saved["steps"] == NAN_AT + 1 < 20  # stopped right after the bad batch
+    assert "valid_bleu" not in saved and "test_bleu" not in saved
+    assert results["status"] == "diverged"
+    assert finite_at_end == [True]  # the NaN step was skipped, weights untouched
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # saved at step 4, before the NaN
+    assert ckpt["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
+    original = Seq2SeqModule.training_step
+
+    def step(self, batch, batch_idx):  # finite, but 10x the loss from step 6 on
+        loss = original(self, batch, batch_idx)
+        return loss * 10 if self.global_step >= 6 else loss
+
+    monkeypatch.setattr(Seq2SeqModule, "training_step", step)
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "trainer.max_steps=20",
+                            "callbacks.divergence.patience=3", "callbacks.divergence.after_step=2")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "diverged"
+    assert results["diverged_step"] == 8  # steps 6, 7, 8 above 2 x the lowest loss
+    assert "explosion" in results["divergence_reason"]
+    assert math.isfinite(results["last_finite_loss"])
