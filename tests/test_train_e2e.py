@@ -41,7 +41,7 @@ def test_checkpoint_reloads_without_hydra_and_scores_the_same(finished_run, smal
 
     dm = TranslationDataModule(**{k: v for k, v in cfg.data.items() if k != "_target_"})
     dm.setup("test")
-    hyps = translate_batches(model, dm.dataloader("test"), make_decoder(), tok.decode)
+    hyps = translate_batches(model, dm.dataloader("test"), make_decoder(**cfg.eval.test_decoder), tok.decode)
     refs = dm.references("test")
     assert score(ordered(hyps, len(refs)), refs)["bleu"] == results["test_bleu"]
 

@@ -183,9 +183,12 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
     _positive("data.max_tokens", cfg.data.max_tokens)
     _positive("data.vocab_size", cfg.data.vocab_size)
-    d = cfg.eval.decoder
-    _positive("eval.decoder.beam", d.beam)
-    _check(d.max_len_a >= 0 and d.max_len_b >= 0, "eval.decoder.max_len_a and max_len_b must be >= 0")
+    for key in ("decoder", "test_decoder"):
+        d = cfg.eval.get(key)
+        if d is None:
+            continue
+        _positive(f"eval.{key}.beam", d.beam)
+        _check(d.max_len_a >= 0 and d.max_len_b >= 0, f"eval.{key}.max_len_a and max_len_b must be >= 0")
     _check(cfg.trainer.max_steps == -1 or cfg.trainer.max_steps > 0,
            f"trainer.max_steps={cfg.trainer.max_steps!r} must be > 0 (or -1 for no limit)")
     _choice("logger.name", cfg.logger.name, ("wandb", "csv", "none"))

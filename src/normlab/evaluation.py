@@ -62,3 +62,21 @@ def ordered(hyps: dict[int, str], n: int) -> list[str]:
     if missing:
         raise ValueError(f"{len(missing)} of {n} sentences were not translated (first: {missing[:5]})")
     return [hyps[i] for i in range(n)]
+
+
+def lines_loader(tokenizer, lines: list[str], max_positions: int, max_tokens: int):
+    """Batches of raw source lines built as the data module builds valid/test batches (source +
+    EOS, cut to max_positions, sorted by length, token budget); batch["idx"] addresses `lines`.
+    Returns (loader, number of lines cut)."""
+    from functools import partial
+
+    from torch.utils.data import DataLoader
+
+    from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
+    from normlab.data.corpus import truncate
+
+    src, n_cut = truncate(tokenizer.encode(lines), max_positions)
+    ds = TranslationDataset(src, [[] for _ in src])
+    sampler = TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, max_tokens, shuffle=False)
+    collate_fn = partial(collate, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    return DataLoader(ds, batch_sampler=sampler, collate_fn=collate_fn), n_cut

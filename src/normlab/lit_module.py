@@ -34,6 +34,9 @@ class Seq2SeqModule(L.LightningModule):
         self.optim_cfg, self.eval_cfg = dict(optim), dict(eval)
         self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
         self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
+        # The final test decodes as the papers do (eval.test_decoder: beam 4) while validation
+        # stays greedy; train.py swaps test_decode to report greedy test BLEU too.
+        self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
         self.split_scores: dict[str, dict] = {}
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._reset_eval()
@@ -84,11 +87,11 @@ class Seq2SeqModule(L.LightningModule):
         self._sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, ntokens
         self._hyps: dict[int, str] = {}
 
-    def _eval_step(self, batch: dict, bleu: bool) -> None:
+    def _eval_step(self, batch: dict, bleu: bool, decode=None) -> None:
         loss, nll, ntok = self._loss(batch)
         self._sums += torch.tensor([loss.item(), nll.item(), ntok.item()], dtype=torch.float64)
         if bleu:
-            self._hyps.update(translate_batches(self.model, [batch], self.decode, self._detok))
+            self._hyps.update(translate_batches(self.model, [batch], decode or self.decode, self._detok))
 
     def _detok(self, ids: list[list[int]]) -> list[str]:
         return self.trainer.datamodule.tokenizer.decode(ids)
@@ -97,7 +100,7 @@ class Seq2SeqModule(L.LightningModule):
         self._eval_step(batch, bleu=self.eval_cfg.get("valid_bleu", True))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, bleu=True)
+        self._eval_step(batch, bleu=True, decode=self.test_decode)
 
     def on_validation_epoch_start(self) -> None:
         self._reset_eval()

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.checkpoint import AtomicCheckpointIO, write_json
 from normlab.config import validate_run_config
+from normlab.final_test import extra_test_scores, step_checkpoint_callbacks
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_logger, finish_logger
 
@@ -57,7 +58,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     checkpoint = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best-step{step}",
                                  monitor=monitor, mode=mode, save_top_k=ck.save_top_k,
                                  save_last=ck.save_last, auto_insert_metric_name=False)
-    callbacks: list = [checkpoint]
+    callbacks: list = [checkpoint, *step_checkpoint_callbacks(ck, run_dir)]  # step<N>.ckpt for averaging
     # further callbacks: any node with a _target_ in `callbacks`, or in `init` (Admin's profiling)
     for name, node in [*cfg.callbacks.items(), *(cfg.get("init") or {}).items()]:
         if isinstance(node, DictConfig) and "_target_" in node:
@@ -128,4 +129,5 @@ def _final_scores(cfg: DictConfig, trainer: L.Trainer, module: Seq2SeqModule, dm
                    bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
         if trainer.is_global_zero and "hypotheses" in t:
             (run_dir_of(cfg) / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
+        out.update(extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir_of(cfg)))  # greedy, averaged
     return out

@@ -1,0 +1,111 @@
+"""Checkpoint averaging (Vaswani et al. 2017: the last 5 checkpoints for base, the last 20 for big).
+
+As fairseq's scripts/average_checkpoints.py: the element-wise mean of every floating-point tensor
+of the state dict, accumulated in float64 and cast back. Checkpoints must describe the same
+network (same ModelConfig, same state-dict keys and shapes, same tokenizer); anything else is
+refused with a message naming the first differences. The output is the last checkpoint with its
+weights replaced and its optimizer state dropped, so `load_model`, the commands and
+`Trainer.test(ckpt_path=...)` read it like any other checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from normlab.checkpoint import atomic_write_bytes, load_checkpoint
+
+# Periodic checkpoints written during training (callbacks.checkpoint.every_n_steps) are named
+# step<N>.ckpt; best-step<N>.ckpt and last.ckpt are not part of the series.
+STEP_CKPT = re.compile(r"^step(\d+)\.ckpt$")
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+
+
+class CheckpointMismatch(ValueError):
+    """Checkpoints that do not describe the same network."""
+
+
+def step_checkpoints(path: str | os.PathLike) -> list[Path]:
+    """The step<N>.ckpt files of a run folder (or its checkpoints/ folder), by increasing step."""
+    path = Path(path)
+    ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = [(int(m.group(1)), p) for p in ckdir.glob("step*.ckpt") if (m := STEP_CKPT.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def last_checkpoints(path: str | os.PathLike, n: int) -> list[Path]:
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    found = step_checkpoints(path)
+    if not found:
+        raise FileNotFoundError(f"no step<N>.ckpt checkpoints in {path} (training writes them when "
+                                "callbacks.checkpoint.keep_last_n and every_n_steps are set)")
+    return found[-n:]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _first(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def check_compatible(ref: dict, other: dict, ref_name: str, other_name: str) -> None:
+    a, b = _flat(ref.get("model_config", {})), _flat(other.get("model_config", {}))
+    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if diff:
+        raise CheckpointMismatch(
+            f"{other_name} has another architecture than {ref_name}: model_config differs in "
+            + _first([f"{k}={b.get(k)!r} vs {a.get(k)!r}" for k in diff]))
+    sa, sb = ref["state_dict"], other["state_dict"]
+    missing, extra = sorted(sa.keys() - sb.keys()), sorted(sb.keys() - sa.keys())
+    if missing or extra:
+        raise CheckpointMismatch(f"{other_name} and {ref_name} have different parameters: "
+                                 f"missing {_first(missing) or '-'}; extra {_first(extra) or '-'}")
+    shapes = [f"{k} {tuple(sb[k].shape)} vs {tuple(sa[k].shape)}" for k in sa if sa[k].shape != sb[k].shape]
+    if shapes:
+        raise CheckpointMismatch(f"{other_name} and {ref_name} differ in shape: {_first(shapes)}")
+    if ref.get("tokenizer_proto") != other.get("tokenizer_proto"):
+        raise CheckpointMismatch(f"{other_name} and {ref_name} use different tokenizers")
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
+    """One checkpoint dict whose weights are the mean of the given checkpoints' weights."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    paths = [Path(p) for p in paths]
+    sums: dict[str, torch.Tensor] = {}
+    first: dict | None = None
+    last: dict = {}
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        if first is None:
+            first = {k: v for k, v in ckpt.items() if k not in TRAINING_STATE}
+            sums = {k: v.double().clone() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
+        else:
+            check_compatible(first, ckpt, str(paths[0]), str(path))
+            for k, v in ckpt["state_dict"].items():
+                if v.is_floating_point():
+                    sums[k] += v.double()
+                elif not torch.equal(v, sums[k]):  # integer buffers cannot be averaged
+                    raise CheckpointMismatch(f"{path}: integer tensor {k} differs from {paths[0]}")
+        last = ckpt
+    ref = first["state_dict"]
+    state = {k: (v / len(paths)).to(ref[k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
+    out = {k: v for k, v in last.items() if k not in TRAINING_STATE}
+    out["state_dict"] = state
+    out["averaged_from"] = [str(p) for p in paths]
+    return out
+
+
+def save_checkpoint(ckpt: dict, path: str | os.PathLike) -> None:
+    atomic_write_bytes(path, lambda f: torch.save(ckpt, f))

@@ -1,0 +1,95 @@
+"""Translate raw text with a trained checkpoint: one source sentence per line in, detokenised
+translations out, in the input order.
+
+    python -m normlab.commands.translate RUN_OR_CKPT < input.de > output.en
+    python -m normlab.commands.translate RUN_OR_CKPT --input test.de --output test.en --beam 4 --lenpen 0.6
+    python -m normlab.commands.translate RUN_OR_CKPT --input test.de --nbest 4   # index<TAB>score<TAB>text
+
+Sentences are batched by length (--max-tokens), decoded with the cached beam search (greedy for
+--beam 1) and written back in the input order. Sources longer than the model's max_positions are
+cut (a warning says how many). An existing --output is only replaced with --force.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+from tqdm import tqdm
+
+from normlab.checkpoint import atomic_write_bytes
+from normlab.commands.common import (CommandError, add_decoder_args, add_runtime_args, decoder_kwargs, load,
+                                     main_guard, refuse_overwrite, setup_runtime)
+from normlab.data.corpus import CorpusError, read_lines
+from normlab.decoding.beam import beam_search
+from normlab.evaluation import lines_loader, make_decoder
+
+log = logging.getLogger("normlab.translate")
+
+
+@torch.no_grad()
+def translate_lines(model, tokenizer, lines: list[str], decoder: dict, nbest: int = 1, max_tokens: int = 4096,
+                    progress: bool = False) -> list[list[tuple[float | None, str]]]:
+    """Per input line, its n-best list of (score, text), best first (score None for greedy)."""
+    loader, n_cut = lines_loader(tokenizer, lines, model.cfg.max_positions, max_tokens)
+    if n_cut:
+        log.warning("%d source lines cut to max_positions=%d tokens", n_cut, model.cfg.max_positions)
+    decode = make_decoder(**decoder) if nbest == 1 else None
+    device = next(model.parameters()).device
+    out: list = [None] * len(lines)
+    with tqdm(total=len(lines), unit="sent", disable=not progress, file=sys.stderr) as bar:
+        for batch in loader:
+            src = batch["src"].to(device)
+            if decode is not None:
+                nbests = [[{"tokens": t, "score": None}] for t in decode(model, src)]
+            else:
+                nbests = beam_search(model, src, nbest=nbest, **decoder)
+            for i, nb in zip(batch["idx"].tolist(), nbests):
+                texts = tokenizer.decode([h["tokens"] for h in nb])
+                out[i] = [(h["score"], text) for h, text in zip(nb, texts)]
+            bar.update(len(nbests))
+    return out
+
+
+def format_output(results: list[list[tuple[float | None, str]]], nbest: int) -> str:
+    if nbest == 1:
+        return "".join(nb[0][1] + "\n" for nb in results)
+    return "".join(f"{i}\t{score:.4f}\t{text}\n" for i, nb in enumerate(results) for score, text in nb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m normlab.commands.translate",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("checkpoint", help="a checkpoint (.ckpt) or a run folder (its best, else last, checkpoint)")
+    ap.add_argument("--input", "-i", help="source text, one sentence per line (plain or .gz; default: stdin)")
+    ap.add_argument("--output", "-o", help="where to write the translations (default: stdout)")
+    ap.add_argument("--nbest", type=int, default=1,
+                    help="hypotheses per sentence; > 1 writes index<TAB>score<TAB>text lines (default: 1)")
+    ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_decoder_args(ap)
+    add_runtime_args(ap)
+    args = ap.parse_args(argv)
+    setup_runtime(args)
+    decoder = decoder_kwargs(args)
+    if not 1 <= args.nbest <= args.beam:
+        raise CommandError(f"--nbest={args.nbest} must be between 1 and --beam={args.beam}")
+    refuse_overwrite(args.output, force=args.force)
+    try:
+        lines = read_lines(args.input) if args.input else sys.stdin.read().splitlines()
+    except CorpusError as e:
+        raise CommandError(str(e)) from None
+    model, tok, _ = load(args.checkpoint, args.device)
+    results = translate_lines(model, tok, lines, decoder, args.nbest, args.max_tokens,
+                              progress=bool(args.input) and not args.quiet)
+    text = format_output(results, args.nbest)
+    if args.output:
+        atomic_write_bytes(args.output, lambda f: f.write(text.encode("utf-8")))
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_guard(main))

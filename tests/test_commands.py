@@ -1,0 +1,203 @@
+"""translate / evaluate / average on a trained tiny run, and what the final test reports."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from normlab.averaging import CheckpointMismatch, average_checkpoints, step_checkpoints
+from normlab.checkpoint import load_checkpoint, load_model
+from normlab.commands import average, evaluate, translate
+from normlab.commands.common import main_guard
+from normlab.evaluation import score
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides
+
+# The run's test decoder; every command below is called with the same settings.
+DECODE = ["--beam", "4", "--lenpen", "0.6", "--max-len-b", "20", "--quiet"]
+SACREBLEU = Path(sys.executable).parent / "sacrebleu"
+
+
+@pytest.fixture(scope="module")
+def trained(small_corpus, tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model on a shared CPU: more threads only wait on each other
+    run_dir = tmp_path_factory.mktemp("cmdrun")
+    cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") + [
+        "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last_n=3",
+        "eval.test_decoder.max_len_b=20"])
+    results = run(cfg)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")  # what @hydra.main leaves in a run folder
+    yield run_dir, results, small_corpus
+    torch.set_num_threads(threads)
+
+
+def call(main, *args) -> int:
+    return main_guard(main, [str(a) for a in args])
+
+
+def test_results_report_beam_greedy_and_averaged_bleu(trained):
+    run_dir, results, _ = trained
+    saved = json.loads((run_dir / "results.json").read_text())
+    for key in ("test_bleu", "test_bleu_greedy", "test_bleu_avg", "test_chrf_avg"):
+        assert isinstance(saved[key], (int, float)), key
+    assert saved["decoders"]["test"]["beam"] == 4 and saved["decoders"]["valid"]["beam"] == 1
+    assert saved["averaged_checkpoints"] == ["step4.ckpt", "step6.ckpt", "step8.ckpt"]
+    assert [p.name for p in step_checkpoints(run_dir)] == saved["averaged_checkpoints"]  # keep_last_n=3
+    assert load_model(saved["averaged_checkpoint"])[0].cfg == load_model(run_dir)[0].cfg
+
+
+def test_evaluate_split_reproduces_the_training_scores(trained, tmp_path):
+    run_dir, results, _ = trained
+    out = tmp_path / "test.json"
+    assert call(evaluate.main, run_dir, "--split", "test", "--output", out, *DECODE) == 0
+    got = json.loads(out.read_text())
+    assert (got["bleu"], got["chrf"], got["bleu_signature"]) == (
+        results["test_bleu"], results["test_chrf"], results["bleu_signature"])
+    assert Path(got["hypotheses_file"]).read_text() == (run_dir / "test.hyp").read_text()
+    avg = run_dir / "checkpoints" / "avg-last3.ckpt"
+    assert call(evaluate.main, avg, "--split", "test", "--output", tmp_path / "avg.json", *DECODE) == 0
+    assert json.loads((tmp_path / "avg.json").read_text())["bleu"] == results["test_bleu_avg"]
+    # the validation decoder is greedy: --beam 1 reproduces test_bleu_greedy
+    assert call(evaluate.main, run_dir, "--split", "test", "--output", tmp_path / "g.json", "--beam", "1", "-q") == 0
+    assert json.loads((tmp_path / "g.json").read_text())["bleu"] == results["test_bleu_greedy"]
+
+
+def test_evaluate_refuses_to_overwrite(trained, tmp_path, capsys):
+    run_dir, _, corpus = trained
+    args = ["--src", corpus["test_src"], "--ref", corpus["test_tgt"], "--output", tmp_path / "s.json", *DECODE]
+    assert call(evaluate.main, run_dir, *args) == 0
+    before = (tmp_path / "s.json").stat().st_mtime_ns
+    assert call(evaluate.main, run_dir, *args) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert (tmp_path / "s.json").stat().st_mtime_ns == before
+    assert call(evaluate.main, run_dir, *args, "--force") == 0
+    assert call(evaluate.main, run_dir, "--split", "test", "--src", corpus["test_src"]) == 2
+
+
+def sacrebleu_cli(ref: Path, hyp: Path, metric: str) -> float:
+    # -w 2: the CLI prints one decimal by default; normlab rounds to two
+    out = subprocess.run([str(SACREBLEU), str(ref), "-i", str(hyp), "-m", metric, "-b", "-w", "2"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.strip())
+
+
+def test_evaluate_bleu_equals_sacrebleu_cli(trained, tmp_path):
+    run_dir, _, corpus = trained
+    out = tmp_path / "scores.json"
+    assert call(evaluate.main, run_dir, "--src", corpus["test_src"], "--ref", corpus["test_tgt"],
+                "--output", out, *DECODE) == 0
+    got = json.loads(out.read_text())
+    hyp = Path(got["hypotheses_file"])
+    assert got["bleu"] == sacrebleu_cli(Path(corpus["test_tgt"]), hyp, "bleu")
+    assert got["chrf"] == sacrebleu_cli(Path(corpus["test_tgt"]), hyp, "chrf")
+    # The tiny model's BLEU is near 0; the scorer must also agree where BLEU is mid-range.
+    refs = Path(corpus["test_tgt"]).read_text().splitlines()
+    partial = [" ".join(w for i, w in enumerate(r.split()) if i % 3 != 1) for r in refs]
+    (tmp_path / "partial.hyp").write_text("\n".join(partial) + "\n")
+    s = score(partial, refs)
+    assert 10 < s["bleu"] < 90
+    assert s["bleu"] == sacrebleu_cli(Path(corpus["test_tgt"]), tmp_path / "partial.hyp", "bleu")
+    assert s["chrf"] == sacrebleu_cli(Path(corpus["test_tgt"]), tmp_path / "partial.hyp", "chrf")
+
+
+def test_translate_round_trip(trained, tmp_path, monkeypatch, capsys):
+    run_dir, _, corpus = trained
+    src = Path(corpus["test_src"])
+    n = len(src.read_text().splitlines())
+    out = tmp_path / "out.en"
+    assert call(translate.main, run_dir, "--input", src, "--output", out, "--max-tokens", 1024, *DECODE) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == n and sum(bool(x.strip()) for x in lines) > n // 2
+    # the same text and batches through evaluate give the same translations
+    assert call(evaluate.main, run_dir, "--src", src, "--ref", corpus["test_tgt"], "--output", tmp_path / "e.json",
+                "--max-tokens", 1024, *DECODE) == 0
+    assert (tmp_path / "e.hyp").read_text() == out.read_text()
+    # stdin -> stdout
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(src.read_text()))
+    assert call(translate.main, run_dir, "--max-tokens", 1024, *DECODE) == 0
+    assert capsys.readouterr().out == out.read_text()
+    # n-best: index, score, text; sorted; the first is the 1-best
+    nb = tmp_path / "nbest.en"
+    assert call(translate.main, run_dir, "--input", src, "--output", nb, "--nbest", 3, "--max-tokens", 1024, *DECODE) == 0
+    rows = [r.split("\t") for r in nb.read_text().splitlines()]
+    assert len(rows) == 3 * n and [int(r[0]) for r in rows] == [i for i in range(n) for _ in range(3)]
+    for i in range(n):
+        scores = [float(r[1]) for r in rows[3 * i: 3 * i + 3]]
+        assert scores == sorted(scores, reverse=True)
+        assert rows[3 * i][2] == lines[i]
+    # never overwrites without --force
+    assert call(translate.main, run_dir, "--input", src, "--output", out, *DECODE) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_average_command_on_a_run(trained, tmp_path, capsys):
+    run_dir, _, corpus = trained
+    out = tmp_path / "avg.ckpt"
+    assert call(average.main, run_dir, "--last", 2, "--output", out) == 0
+    steps = step_checkpoints(run_dir)[-2:]
+    states = [load_checkpoint(p)["state_dict"] for p in steps]
+    got = load_checkpoint(out)
+    assert got["averaged_from"] == [str(p) for p in steps]
+    for k, v in got["state_dict"].items():
+        torch.testing.assert_close(v, (states[0][k].double() + states[1][k].double()).div(2).float())
+    assert "optimizer_states" not in got
+    model, tok = load_model(out)
+    assert tok is not None and not model.training
+    assert call(evaluate.main, out, "--src", corpus["test_src"], "--ref", corpus["test_tgt"],
+                "--output", tmp_path / "avg.json", *DECODE) == 0
+    assert call(average.main, run_dir, "--last", 2, "--output", out) == 2
+    assert "exists" in capsys.readouterr().err
+    # two identical checkpoints average to the same weights
+    same = tmp_path / "same.ckpt"
+    assert call(average.main, steps[-1], steps[-1], "--output", same) == 0
+    ref = load_checkpoint(steps[-1])["state_dict"]
+    avg = load_checkpoint(same)["state_dict"]
+    assert ref.keys() == avg.keys() and all(torch.equal(ref[k], avg[k]) for k in ref)
+
+
+def fake_ckpt(path: Path, tensors: dict, d_model: int = 8, proto: bytes = b"spm") -> Path:
+    torch.save({"model_config": {"d_model": d_model, "norm": {"type": "layernorm"}},
+                "state_dict": tensors, "tokenizer_proto": proto, "optimizer_states": [{}]}, path)
+    return path
+
+
+def test_average_of_known_tensors_is_their_mean(tmp_path):
+    values = [([1.0, 2.0], [[0.5]]), ([3.0, 4.0], [[1.5]]), ([5.0, 9.0], [[4.0]])]
+    paths = [fake_ckpt(tmp_path / f"step{i}.ckpt", {"model.w": torch.tensor(w), "model.h": torch.tensor(h).half(),
+                                                     "model.count": torch.tensor(7)})
+             for i, (w, h) in enumerate(values)]
+    avg = average_checkpoints(paths)
+    assert torch.equal(avg["state_dict"]["model.w"], torch.tensor([3.0, 5.0]))
+    assert avg["state_dict"]["model.h"].dtype == torch.float16
+    assert torch.equal(avg["state_dict"]["model.h"], torch.tensor([[2.0]]).half())
+    assert torch.equal(avg["state_dict"]["model.count"], torch.tensor(7))
+    assert "optimizer_states" not in avg and avg["tokenizer_proto"] == b"spm"
+
+
+def test_average_refuses_mismatched_architectures(tmp_path, capsys):
+    base = fake_ckpt(tmp_path / "a.ckpt", {"model.w": torch.zeros(2)})
+    cases = {
+        "model_config differs in d_model=16 vs 8": fake_ckpt(tmp_path / "b.ckpt", {"model.w": torch.zeros(2)}, d_model=16),
+        "differ in shape: model.w (3,) vs (2,)": fake_ckpt(tmp_path / "c.ckpt", {"model.w": torch.zeros(3)}),
+        "missing model.w; extra model.v": fake_ckpt(tmp_path / "d.ckpt", {"model.v": torch.zeros(2)}),
+        "different tokenizers": fake_ckpt(tmp_path / "e.ckpt", {"model.w": torch.zeros(2)}, proto=b"other"),
+    }
+    for message, other in cases.items():
+        with pytest.raises(CheckpointMismatch, match=message.replace("(", r"\(").replace(")", r"\)")):
+            average_checkpoints([base, other])
+    assert call(average.main, base, tmp_path / "b.ckpt", "--output", tmp_path / "x.ckpt") == 2
+    assert "cannot average" in capsys.readouterr().err and not (tmp_path / "x.ckpt").exists()
+
+
+def test_step_checkpoints_are_ordered_by_step(tmp_path):
+    for name in ("step10.ckpt", "step9.ckpt", "step100.ckpt", "best-step5.ckpt", "last.ckpt", "avg-last5.ckpt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in step_checkpoints(tmp_path)] == ["step9.ckpt", "step10.ckpt", "step100.ckpt"]
