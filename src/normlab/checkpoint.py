@@ -86,3 +86,14 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             return cand
     raise FileNotFoundError(f"no checkpoint found at {path} (looked for a .ckpt file, "
                             f"{ckdir}/best*.ckpt and {ckdir}/last.ckpt)")
+
+
+def save_model(path: str | os.PathLike, model, tokenizer_proto: bytes | None = None, **extra: Any) -> Path:
+    """An ordinary normlab checkpoint (model_config + "model."-prefixed state_dict [+ tokenizer])
+    from a bare model, e.g. a pruned one; `load_model(path)` reads it back."""
+    ckpt: dict[str, Any] = {"model_config": model.cfg.to_dict(),
+                            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, **extra}
+    if tokenizer_proto is not None:
+        ckpt["tokenizer_proto"] = tokenizer_proto
+    atomic_write_bytes(path, lambda f: torch.save(ckpt, f))
+    return Path(path)
