@@ -1,11 +1,28 @@
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see normlab/__init__.py
+
 import gzip
+import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    # The tests' models are tiny and the CPU is shared: extra intra-op threads only wait on each
+    # other (beam search on a tiny model measured 200x slower with 2 threads on a loaded 2-core
+    # machine). NORMLAB_TEST_THREADS overrides.
+    n = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("NORMLAB_TEST_THREADS", "1")))
+    yield
+    torch.set_num_threads(n)
 
 
 def read_lines(path: Path, n: int, skip: int = 0) -> list[str]:
