@@ -14,15 +14,6 @@ from normlab.model.transformer import Seq2SeqTransformer
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared CPU: intra-op threads only wait on each other (100x slower here).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(V=11, **kw) -> ModelConfig:
     base = dict(vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2, encoder_heads=2,
                 decoder_heads=2, encoder_ffn=24, decoder_ffn=24, max_positions=64)

@@ -25,8 +25,6 @@ SACREBLEU = Path(sys.executable).parent / "sacrebleu"
 
 @pytest.fixture(scope="module")
 def trained(small_corpus, tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model on a shared CPU: more threads only wait on each other
     run_dir = tmp_path_factory.mktemp("cmdrun")
     cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") + [
         "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last_n=3",
@@ -34,8 +32,7 @@ def trained(small_corpus, tmp_path_factory):
     results = run(cfg)
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")  # what @hydra.main leaves in a run folder
-    yield run_dir, results, small_corpus
-    torch.set_num_threads(threads)
+    return run_dir, results, small_corpus
 
 
 def call(main, *args) -> int:
