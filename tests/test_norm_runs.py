@@ -23,7 +23,8 @@ def overrides(small_corpus, tmp_path_factory, *extra):
 
 @pytest.fixture(scope="module")
 def admin_run(small_corpus, tmp_path_factory):
-    run_dir, ov = overrides(small_corpus, tmp_path_factory, "norm=postnorm", "init=admin", "init.admin.batches=2")
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "norm=postnorm", "init=admin", "init.admin.batches=2",
+                            "callbacks.diagnostics.every_n_steps=4")
     return run_dir, run(compose_cfg(ov))
 
 
@@ -42,6 +43,23 @@ def test_admin_run_profiles_omega_before_step_one_and_saves_it(admin_run):
     assert trained.shape == (32,)
     assert not torch.allclose(trained, torch.full((32,), omega["enc.1.ffn"]))
     assert (trained - omega["enc.1.ffn"]).abs().max() < 0.1
+
+
+def test_diagnostics_logged_every_k_steps(admin_run):
+    import csv
+
+    run_dir, _ = admin_run
+    rows = [r for r in csv.DictReader(open(run_dir / "csv" / "metrics.csv")) if r.get("diag/enc.0.ffn/ratio")]
+    assert [int(r["step"]) for r in rows] == [0, 4]
+    for r in rows:
+        for name in ("enc.1.self_attn", "dec.1.cross_attn"):
+            assert 0 < float(r[f"diag/{name}/ratio"]) < 100
+            assert float(r[f"diag/{name}/grad_norm"]) > 0
+            assert float(r[f"diag/{name}/omega_min"]) <= float(r[f"diag/{name}/omega_max"])
+        assert float(r["diag/output_change/decoder"]) > 0
+    # step 0 sees the profiled ω, before any update
+    profiled = json.loads((run_dir / "admin_omega.json").read_text())["omega"]["enc.1.ffn"]
+    assert float(rows[0]["diag/enc.1.ffn/omega_mean"]) == pytest.approx(profiled, rel=1e-6)
 
 
 def test_export_cli_on_a_trained_admin_checkpoint(admin_run, tmp_path, capsys):

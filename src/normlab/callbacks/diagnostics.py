@@ -1,0 +1,102 @@
+"""Per-layer diagnostics that explain the normalization studies (off by default).
+
+Turn on with `callbacks.diagnostics.every_n_steps=k` (0 = off, the default). Every k optimizer
+steps (global steps 0, k, 2k, ...) it writes to every logger, with names that group by sub-layer
+(`diag/<stack>.<layer>.<sublayer>/<quantity>`, stack enc|dec, sublayer self_attn|cross_attn|ffn):
+- grad_norm   ‖∇‖ of the sub-layer's parameters (its F, its norm, its ω), before clipping;
+- ratio       ‖F(x)‖/‖x‖ of the residual (ResidualBlock's record_ratio hook, this step's batch);
+- g           ScaleNorm's scalar g of the block's norm (also `diag/enc.final/g`, `diag/dec.final/g`
+              for pre-norm's final norms and `diag/output/g` for the FixNorm output layer);
+- omega_mean / omega_min / omega_max   Admin's ω vector;
+- `diag/output_change/encoder|decoder`: Admin's probe ‖F(x;W) − F(x;W*)‖, W* = W − δ·sign(N(0,1))
+  (normlab.probes), on the first training batch of the run, parameters restored exactly.
+Cost when on: one extra forward pair for the probe and a few norms every k steps; when off, one
+integer test per batch.
+"""
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import nn
+
+from normlab.init.admin import stacks
+from normlab.model.norms import ScaleNorm
+from normlab.probes import output_change
+
+
+def named_blocks(model: nn.Module):
+    return [(name, block) for _, blocks in stacks(model).values() for name, block in blocks]
+
+
+@torch.no_grad()
+def parameter_stats(model: nn.Module) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, block in named_blocks(model):
+        if isinstance(block.norm, ScaleNorm):
+            out[f"diag/{name}/g"] = block.norm.g.item()
+        if block.omega is not None:
+            w = block.omega
+            out.update({f"diag/{name}/omega_mean": w.mean().item(), f"diag/{name}/omega_min": w.min().item(),
+                        f"diag/{name}/omega_max": w.max().item()})
+    for key, stack in (("enc", model.encoder), ("dec", model.decoder)):
+        if isinstance(stack.final_norm, ScaleNorm):
+            out[f"diag/{key}.final/g"] = stack.final_norm.g.item()
+    if getattr(model.output_projection, "g", None) is not None:
+        out["diag/output/g"] = model.output_projection.g.item()
+    return out
+
+
+@torch.no_grad()
+def grad_norms(model: nn.Module) -> dict[str, float]:
+    out = {}
+    for name, block in named_blocks(model):
+        grads = [p.grad for p in block.parameters() if p.grad is not None]
+        if grads:
+            out[f"diag/{name}/grad_norm"] = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+    return out
+
+
+class Diagnostics(L.Callback):
+    def __init__(self, every_n_steps: int = 0, probe_delta: float = 1e-4, probe_seed: int = 0):
+        if every_n_steps < 0:
+            raise ValueError(f"callbacks.diagnostics.every_n_steps={every_n_steps!r} must be >= 0 (0 = off)")
+        self.every, self.delta, self.seed = every_n_steps, probe_delta, probe_seed
+        self.probe_batch: dict | None = None
+        self.metrics: dict[str, float] = {}
+        self._on, self._step = False, 0
+
+    def _due(self, trainer) -> bool:
+        return self.every > 0 and trainer.global_step % self.every == 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._on, self._step = self._due(trainer), trainer.global_step
+        if not self._on:
+            return
+        if self.probe_batch is None:  # a fixed batch for the probe: the run's first
+            self.probe_batch = {k: batch[k].detach().clone() for k in ("src", "tgt_in")}
+        model = pl_module.model
+        # parameters and probe before this step's update: the weights this batch's forward uses
+        self.metrics = parameter_stats(model)
+        change = output_change(model, self.probe_batch["src"], self.probe_batch["tgt_in"], self.delta, self.seed)
+        self.metrics.update({f"diag/output_change/{k}": v for k, v in change.items()})
+        for _, block in named_blocks(model):
+            block.record_ratio = True
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self._on:
+            self.metrics.update(grad_norms(pl_module.model))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._on:
+            return
+        self._on = False
+        model = pl_module.model
+        for name, block in named_blocks(model):
+            block.record_ratio = False
+            if block.last_ratio is not None:
+                self.metrics[f"diag/{name}/ratio"] = block.last_ratio.item()
+                block.last_ratio = None
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(self.metrics, step=self._step)
