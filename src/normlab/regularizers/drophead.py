@@ -17,7 +17,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from normlab.model.attention import KINDS, MultiheadAttention
+# Attention modules are recognised by their DropHead hook attribute, not imported: the model
+# package imports this module (normlab.model.attention would import it back).
+KINDS = ("encoder_self", "decoder_self", "cross")  # = normlab.model.attention.KINDS
+
+
+def _attentions(model: nn.Module):
+    return [m for m in model.modules() if hasattr(m, "head_mask_fn") and hasattr(m, "kind")]
 
 
 def drophead_mask(batch_size: int, num_heads: int, p: float, generator: torch.Generator | None = None,
@@ -33,7 +39,7 @@ def drophead_mask(batch_size: int, num_heads: int, p: float, generator: torch.Ge
     return keep * (num_heads / keep.sum(dim=1, keepdim=True))  # rows sum to H
 
 
-def _mask_fn(module: MultiheadAttention, batch_size: int) -> torch.Tensor:
+def _mask_fn(module: nn.Module, batch_size: int) -> torch.Tensor:
     return drophead_mask(batch_size, module.num_heads, module.drophead_p, device=module.q_proj.weight.device)
 
 
@@ -42,10 +48,10 @@ def enabled_kinds(reg) -> tuple[str, ...]:
     return tuple(k for k in KINDS if getattr(reg, f"drophead_{k}"))
 
 
-def install_drophead(model: nn.Module, p: float, kinds: tuple[str, ...] = KINDS) -> list[MultiheadAttention]:
+def install_drophead(model: nn.Module, p: float, kinds: tuple[str, ...] = KINDS) -> list[nn.Module]:
     """Give every attention module of the chosen kinds the head-mask hook and rate p; returns them.
     Rate changes later go through `set_drophead_p` (the schedule callback)."""
-    modules = [m for m in model.modules() if isinstance(m, MultiheadAttention) and m.kind in kinds]
+    modules = [m for m in _attentions(model) if m.kind in kinds]
     for m in modules:
         m.head_mask_fn = _mask_fn
         m.drophead_p = float(p)
@@ -55,8 +61,8 @@ def install_drophead(model: nn.Module, p: float, kinds: tuple[str, ...] = KINDS)
 def set_drophead_p(model: nn.Module, p: float) -> int:
     """Set the rate of every attention module that has the DropHead hook; returns how many."""
     n = 0
-    for m in model.modules():
-        if isinstance(m, MultiheadAttention) and m.head_mask_fn is not None:
+    for m in _attentions(model):
+        if m.head_mask_fn is not None:
             m.drophead_p = float(p)
             n += 1
     return n

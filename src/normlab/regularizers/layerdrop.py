@@ -47,7 +47,15 @@ RATES = ("uniform", "learned")
 TEMPERATURE = 2.0 / 3.0  # Concrete temperature recommended by Maddison et al. 2017
 
 
-class _Skipped:
+class _Proxy:
+    # What the training iterator yields in place of a layer; attribute access reaches the layer, so
+    # code that inspects `for layer in stack.layers` (named_children, parameters) still works.
+    # (Inspection in training also advances the draw counter, identically on every rank.)
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["layer"], name)
+
+
+class _Skipped(_Proxy):
     # A skipped layer: identity plus an exact zero that touches every parameter (see module doc).
     def __init__(self, layer: nn.Module):
         self.layer = layer
@@ -59,7 +67,7 @@ class _Skipped:
         return x + zero.to(x.dtype)
 
 
-class _Gated:
+class _Gated(_Proxy):
     # Learned-rate layer: forward x + g·(F(x) − x) with the straight-through gate g.
     def __init__(self, layer: nn.Module, gate: torch.Tensor):
         self.layer, self.gate = layer, gate
