@@ -12,10 +12,16 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from normlab.failure import record_failure
     from normlab.train import run  # imported late so `--help` stays fast
 
-    results = run(cfg)
-    return results.get("valid_bleu")  # the value an Optuna sweeper maximises
+    try:
+        results = run(cfg)
+    except Exception as err:  # results.json: status failed; a multirun goes on, a single run exits 1
+        if record_failure(cfg, err):
+            return None
+        raise
+    return results.get("valid_bleu")  # the value an Optuna sweeper maximises (None: Optuna marks the trial failed)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+"""A job that raises is a result too: results.json with status "failed" and the error.
+
+Hydra's basic launcher runs multirun jobs one after another in one process and stops the whole
+sweep at the first exception. A study of 40 arms should not die because one arm has a bad value
+or crashes at step 900, so train.py's main catches the exception, records it here and:
+- in a multirun job returns normally, so the sweep continues (the report shows the cell as failed);
+- in a single run re-raises, so the command exits non-zero as a user expects.
+KeyboardInterrupt / SystemExit are never caught (Ctrl-C stops a sweep).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+log = logging.getLogger("normlab")
+
+
+def is_multirun_job() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def record_failure(cfg: DictConfig, err: BaseException) -> bool:
+    """Write (or complete) results.json with status "failed"; True if the caller should go on."""
+    from normlab.train import hydra_choices, run_dir_of
+
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
+        run_dir = run_dir_of(cfg)
+        path = Path(run_dir) / "results.json"
+        try:
+            old = json.loads(path.read_text()) if path.is_file() else {}  # run() may have written steps etc.
+        except (OSError, ValueError):
+            old = {}
+        tb = traceback.format_exception(type(err), err, err.__traceback__)
+        results = {**old, "status": "failed", "error": f"{type(err).__name__}: {err}",
+                   "traceback": "".join(tb[-12:]), "run_dir": str(run_dir), "choices": hydra_choices(),
+                   "seed": cfg.get("seed")}
+        for key in ("name", "group"):
+            try:
+                results.setdefault(key, str(cfg.get(key)))
+            except Exception:  # an interpolation that itself fails (e.g. a bad choice)
+                pass
+        try:
+            from normlab.checkpoint import write_json
+
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            write_json(path, results)
+        except OSError as io_err:
+            log.error("could not write %s: %s", path, io_err)
+    if is_multirun_job():
+        log.error("job failed, the sweep goes on: %s: %s (details in results.json)", type(err).__name__, err)
+        return True
+    return False
