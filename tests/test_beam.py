@@ -193,3 +193,22 @@ def test_beam_search_restores_training_mode_and_make_decoder_uses_it():
     assert model.training
     assert tokens == [nb[0]["tokens"] for nb in beam_search(model, src, beam=3, lenpen=0.6, max_len_b=4)]
     assert not math.isnan(beam_search(model, src, beam=2)[0][0]["score"])
+
+
+def test_pruned_layerdrop_model():
+    # LayerDrop-trained, then pruned to every other layer (Fan et al. 2019): the cache follows the
+    # kept layers only, and the result is the same as the unpruned model with those layers skipped.
+    from normlab.regularizers.pruning import every_other, prune
+
+    model = model_of(seed=19, encoder_layers=4, decoder_layers=4,
+                     regularizer={"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5})
+    small = prune(model, every_other(4, 2), every_other(4, 2))
+    assert len(small.decoder.layers) == 2
+    src = source(B=6, seed=20)
+    cached = beam_search(small, src, beam=4, max_len_b=4, min_len=2)
+    uncached = beam_search(small, src, beam=4, max_len_b=4, min_len=2, incremental=False)
+    assert [[h["tokens"] for h in nb] for nb in cached] == [[h["tokens"] for h in nb] for nb in uncached]
+    for row, nb in zip(src, cached):
+        assert nb[0]["logprob"] == pytest.approx(sequence_logprob(small, row, nb[0]["tokens"]), abs=1e-4)
+    full = beam_search(model, src, beam=4, max_len_b=4, min_len=2)
+    assert [nb[0]["score"] for nb in full] != pytest.approx([nb[0]["score"] for nb in cached])  # pruned != full
