@@ -80,7 +80,6 @@ def _search(model, src, K, alpha, max_len_a, max_len_b, min_len, nbest, incremen
     scores = torch.zeros((B, 1), device=dev)  # (b, k) cumulative log P
     cache = model.new_cache() if incremental else None
     lp = length_penalty(torch.arange(1, T + 2, device=dev), alpha).to(dev)  # lp[t] for |Y| = t + 1
-    vocab = torch.arange(V, device=dev)
     for t in range(T + 1):  # step t picks the t-th output token (t = T: only EOS is left)
         b, k = hist.shape[:2]
         if incremental:
@@ -95,12 +94,12 @@ def _search(model, src, K, alpha, max_len_a, max_len_b, min_len, nbest, incremen
             memory, src_pad_mask = memory[expand], src_pad_mask[expand]
             if cache is not None:
                 cache.reorder(expand)
-            lprobs = lprobs.expand(b, K, V)
+            lprobs = lprobs.expand(b, K, V).contiguous()
             hist = hist.expand(b, K, 1)
             scores = torch.full((b, K), NEG_INF, device=dev)
             scores[:, 0] = 0.0
             k = K
-        lprobs = _constrain(lprobs, vocab, cfg, t, max_len[active], min_len)
+        _constrain_(lprobs, cfg, t, max_len[active], min_len)
         cand = (scores[:, :, None] + lprobs).view(b, k * V)  # (b, K·V)
         top_score, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K), sorted
         top_beam, top_tok = top_idx // V, top_idx % V
@@ -130,22 +129,26 @@ def _search(model, src, K, alpha, max_len_a, max_len_b, min_len, nbest, incremen
             still = (~done).nonzero().squeeze(1)  # (b',)
             hist, scores, active = hist[still], scores[still], active[still]
             rows = rows.view(b, K)[still].view(-1)
-        memory, src_pad_mask = memory[rows], src_pad_mask[rows]
+            # The K rows of a sentence share its memory, so memory changes only when sentences leave.
+            sentences = (still[:, None] * K + torch.arange(K, device=dev)).view(-1)
+            memory, src_pad_mask = memory[sentences], src_pad_mask[sentences]
         if cache is not None:
             cache.reorder(rows)
     return _nbest_lists(pool_score, pool_logp, pool_len, pool_tok, nbest)
 
 
-def _constrain(lprobs: torch.Tensor, vocab: torch.Tensor, cfg, t: int, max_len: torch.Tensor,
-               min_len: int) -> torch.Tensor:
-    # lprobs: (b, K, V); max_len: (b,). Never PAD or BOS; no EOS before min_len tokens (unless
-    # max_len comes first); only EOS once max_len tokens have been produced.
-    banned = (vocab.eq(cfg.pad_id) | vocab.eq(cfg.bos_id))[None, :]  # (1, V)
-    no_eos = (max_len > t) & (t < min_len)  # (b,)
-    banned = banned | (no_eos[:, None] & vocab.eq(cfg.eos_id)[None, :])  # (b, V)
+def _constrain_(lprobs: torch.Tensor, cfg, t: int, max_len: torch.Tensor, min_len: int) -> None:
+    # In place. lprobs: (b, K, V); max_len: (b,). Never PAD or BOS; no EOS before min_len tokens
+    # (unless max_len comes first); only EOS once max_len tokens have been produced.
+    lprobs[:, :, [cfg.pad_id, cfg.bos_id]] = NEG_INF
+    eos = lprobs[:, :, cfg.eos_id]  # (b, K), a view
+    if t < min_len:
+        eos.masked_fill_(max_len.gt(t)[:, None], NEG_INF)
     at_max = max_len.le(t)  # (b,)
-    banned = banned | (at_max[:, None] & vocab.ne(cfg.eos_id)[None, :])
-    return lprobs.masked_fill(banned[:, None, :], NEG_INF)
+    if bool(at_max.any()):
+        keep = eos.clone()
+        lprobs.masked_fill_(at_max[:, None, None], NEG_INF)
+        lprobs[:, :, cfg.eos_id] = torch.where(at_max[:, None], keep, lprobs[:, :, cfg.eos_id])
 
 
 def _merge_pool(active, new_score, new_logp, new_len, new_tok, pool_score, pool_logp, pool_len,
