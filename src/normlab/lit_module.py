@@ -130,7 +130,8 @@ class Seq2SeqModule(L.LightningModule):
             metrics.update({f"{split}/bleu": s["bleu"], f"{split}/chrf": s["chrf"]})
             result.update(s)
             result["hypotheses"] = ordered(hyps, len(refs))
-        self.log_dict(metrics, sync_dist=False, prog_bar=split == "valid")
+        # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
+        self.log_dict(metrics, sync_dist=_dist(), prog_bar=split == "valid")
         self.split_scores[split] = result
 
     def on_validation_epoch_end(self) -> None:
