@@ -1,0 +1,100 @@
+"""DDP equivalence: 2 CPU processes (gloo) with LayerDrop give the gradients of 1 process over the
+same global batch, skip the same layers, and need no find_unused_parameters."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from normlab.config import ModelConfig
+from normlab.model.transformer import Seq2SeqTransformer
+
+V, STEPS = 31, 3
+RATES = ("uniform", "learned")
+
+
+def make_model(rates: str) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=V, d_model=16, encoder_layers=4, decoder_layers=4, encoder_heads=2, decoder_heads=2,
+                      encoder_ffn=24, decoder_ffn=24, max_positions=32,
+                      regularizer=dict(encoder_layerdrop=0.5, decoder_layerdrop=0.5, layerdrop_rates=rates))
+    return Seq2SeqTransformer(cfg)
+
+
+def global_batches():
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        src, tgt_in, tgt_out = (torch.randint(3, V, (4, n), generator=g) for n in (7, 6, 6))
+        src[1, 5:] = 0  # ragged rows: ranks pad differently from the single process
+        tgt_in[2, 4:] = 0
+        tgt_out[2, 3:] = 0
+        out.append((src, tgt_in, tgt_out))
+    return out
+
+
+def summed_loss(model, src, tgt_in, tgt_out):
+    logits = model(src, tgt_in)
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=0, reduction="sum"), tgt_out.ne(0).sum()
+
+
+def train(model, batches, rank=0, world=1):
+    # As Seq2SeqModule.training_step: loss summed over tokens / (global tokens / world); DDP then
+    # averages over ranks, so every run takes the gradient of (sum over the global batch) / tokens.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inner = model.module if isinstance(model, DDP) else model
+    record = []
+    for src, tgt_in, tgt_out in batches:
+        rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+        loss, ntok = summed_loss(model, src[rows], tgt_in[rows], tgt_out[rows])
+        total = ntok.clone().float()
+        if world > 1:
+            dist.all_reduce(total)
+        opt.zero_grad(set_to_none=True)
+        (loss / (total / world)).backward()
+        grads = torch.cat([p.grad.flatten() for p in inner.parameters()])
+        record.append({"grads": grads.clone(), "kept": (inner.encoder.layers.last_kept, inner.decoder.layers.last_kept)})
+        opt.step()
+    return record
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for rates in RATES:
+            torch.manual_seed(100 + rank)  # different global RNG per rank: LayerDrop must not depend on it
+            ddp = DDP(make_model(rates))  # default find_unused_parameters=False
+            torch.save(train(ddp, global_batches(), rank, world), os.path.join(out_dir, f"{rates}{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ddp_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)  # one spawn for both cases
+    return {rates: [torch.load(out / f"{rates}{r}.pt") for r in range(2)] for rates in RATES}
+
+
+@pytest.mark.parametrize("rates", RATES)
+def test_two_ranks_match_one_process(rates, ddp_records):
+    ranks = ddp_records[rates]
+    single = train(make_model(rates), global_batches())
+    skipped_any = False
+    for step in range(STEPS):
+        assert ranks[0][step]["kept"] == ranks[1][step]["kept"] == single[step]["kept"]
+        skipped_any |= len(single[step]["kept"][0]) < 4 or len(single[step]["kept"][1]) < 4
+        for r in range(2):
+            torch.testing.assert_close(ranks[r][step]["grads"], single[step]["grads"], rtol=1e-4, atol=1e-6)
+    assert skipped_any  # otherwise DDP's unused-parameter failure could not show
