@@ -172,3 +172,18 @@ def test_export_refuses_what_is_not_exact_and_says_why():
     _randomise(sn)
     with pytest.raises(ValueError, match="ScaleNorm has one scalar g"):
         export_post_norm(sn)
+
+
+def test_sublayer_listing_ignores_layerdrop_in_training():
+    # LayerDrop's ModuleList skips (and draws) when iterated in training; Admin and the diagnostics
+    # must still see every sub-layer, and must not advance its draws.
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=V, d_model=16, encoder_layers=3, decoder_layers=2, encoder_heads=4,
+                      decoder_heads=2, encoder_ffn=24, decoder_ffn=20, max_positions=64, init="admin",
+                      norm={"placement": "post"},
+                      regularizer={"encoder_layerdrop": 0.9, "decoder_layerdrop": 0.9})
+    model = Seq2SeqTransformer(cfg).train()
+    names = [n for _, blocks in stacks(model).values() for n, _ in blocks]
+    assert len(names) == 3 * 2 + 2 * 3
+    profile_omega_(model, [make_batch(2, 6, 5, seed=9)], PAD)
+    assert all(b.omega[0].item() > 1.0 for _, blocks in stacks(model).values() for _, b in blocks[1:])

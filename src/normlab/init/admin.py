@@ -49,8 +49,9 @@ def stacks(model: nn.Module) -> dict[str, tuple[nn.Module, list[tuple[str, Resid
     """{'enc': (encoder, [(name, block), ...]), 'dec': ...} in forward order, names like enc.3.ffn."""
     out = {}
     for key, stack in (("enc", model.encoder), ("dec", model.decoder)):
-        blocks = [(f"{key}.{i}.{name}", child) for i, layer in enumerate(stack.layers)
-                  for name, child in layer.named_children() if isinstance(child, ResidualBlock)]
+        # by index, not by iterating: LayerDrop's list skips layers (and draws) when iterated in training
+        blocks = [(f"{key}.{i}.{name}", child) for i in range(len(stack.layers))
+                  for name, child in stack.layers[i].named_children() if isinstance(child, ResidualBlock)]
         out[key] = (stack, blocks)
     return out
 
