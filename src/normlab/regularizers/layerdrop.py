@@ -140,6 +140,7 @@ class LayerDropModuleList(nn.ModuleList):
         sliced to the kept layers."""
         new = LayerDropModuleList(self.p, [self[i] for i in keep], self.rates, salt=self.salt)
         new.draw_state.copy_(self.draw_state)
+        new.train(self.training)
         if self.rates == "learned":
             new.rate_logits.data.copy_(self.rate_logits.data[keep])
         return new

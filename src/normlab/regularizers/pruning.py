@@ -130,4 +130,4 @@ def prune(model: nn.Module, keep_encoder: Sequence[int], keep_decoder: Sequence[
     new.encoder.layers = _subset(new.encoder.layers, keep_encoder)
     new.decoder.layers = _subset(new.decoder.layers, keep_decoder)
     new.cfg = dataclasses.replace(model.cfg, encoder_layers=len(keep_encoder), decoder_layers=len(keep_decoder))
-    return new
+    return new.train(model.training)  # the new lists are created in training mode
