@@ -23,7 +23,7 @@ from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_logger, finish_logger
 
 log = logging.getLogger("normlab")
-CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment")
+CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment", "arm", "sweep")
 
 
 def hydra_choices() -> dict[str, str | None]:
