@@ -183,7 +183,10 @@ def test_sublayer_listing_ignores_layerdrop_in_training():
                       norm={"placement": "post"},
                       regularizer={"encoder_layerdrop": 0.9, "decoder_layerdrop": 0.9})
     model = Seq2SeqTransformer(cfg).train()
+    draws = [model.encoder.layers.draw_state.clone(), model.decoder.layers.draw_state.clone()]
     names = [n for _, blocks in stacks(model).values() for n, _ in blocks]
     assert len(names) == 3 * 2 + 2 * 3
+    assert torch.equal(model.encoder.layers.draw_state, draws[0])  # no LayerDrop draw consumed
+    assert torch.equal(model.decoder.layers.draw_state, draws[1])
     profile_omega_(model, [make_batch(2, 6, 5, seed=9)], PAD)
     assert all(b.omega[0].item() > 1.0 for _, blocks in stacks(model).values() for _, b in blocks[1:])
