@@ -1,6 +1,8 @@
-"""A sweep goes on past a failed job: the failure is a results.json (status failed), not a crash."""
+"""A sweep goes on past a failed job: the failure is a results.json (status failed), not a crash.
+With W&B on, each job is its own finished W&B run, grouped by sweep folder and tagged with its choices."""
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -21,18 +23,56 @@ def _tiny(small_corpus, tmp_path) -> list[str]:
                    "callbacks.checkpoint.keep_last_n=0", "name=j${hydra:job.num}"]
 
 
+def wandb_records(path: Path):
+    """The records of an offline W&B run file (run-<id>.wandb: LevelDB log format, 32 KiB blocks,
+    7-byte chunk headers after a 7-byte file header) as wandb_internal_pb2.Record messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer: too short for a chunk header
+            pos += block - pos % block
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):  # full / last chunk
+            rec = pb.Record()
+            rec.ParseFromString(buf + chunk if kind == 4 else chunk)
+            buf = b""
+            yield rec
+        elif kind in (2, 3):  # first / middle chunk
+            buf += chunk
+
+
 def test_multirun_records_a_failed_job_and_runs_the_others(small_corpus, tmp_path):
-    sweep = tmp_path / "sweep"
+    sweep = tmp_path / "sweep-x1"
     bad = tmp_path / "no_such_file.de"
-    p = _train(["-m", f"data.train_src={bad},{small_corpus['train_src']}", *_tiny(small_corpus, tmp_path),
+    p = _train(["-m", f"data.train_src={bad},{small_corpus['train_src']}", "norm=postnorm,prenorm",
+                *_tiny(small_corpus, tmp_path), "logger=wandb", "logger.mode=offline",
                 f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
     assert p.returncode == 0, p.stderr[-3000:]
-    failed = json.loads((sweep / "0" / "results.json").read_text())
-    assert failed["status"] == "failed"
-    assert "no_such_file.de" in failed["error"]
-    assert failed["choices"]["norm"] == "prenorm" and "traceback" in failed
-    ok = json.loads((sweep / "1" / "results.json").read_text())
-    assert ok["status"] == "completed" and ok["steps"] == 2
+    results = {int(d.name): json.loads((d / "results.json").read_text()) for d in sweep.iterdir() if d.is_dir()}
+    assert sorted(results) == [0, 1, 2, 3]
+    failed = [r for r in results.values() if r["status"] == "failed"]
+    ok = [r for r in results.values() if r["status"] == "completed"]
+    assert len(failed) == 2 and len(ok) == 2
+    assert all("no_such_file.de" in r["error"] and "traceback" in r for r in failed)
+    assert {r["choices"]["norm"] for r in failed} == {r["choices"]["norm"] for r in ok} == {"postnorm", "prenorm"}
+    assert all(r["steps"] == 2 for r in ok)
+    # W&B: one offline run per completed job, each finished (an exit record), grouped by the sweep folder
+    runs = sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 2
+    seen = {}
+    for f in runs:
+        recs = list(wandb_records(f))
+        run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+        assert any(r.WhichOneof("record_type") == "exit" and r.exit.exit_code == 0 for r in recs), f
+        assert run.run_group == "sweep-x1"
+        seen[run.run_id] = set(run.tags)
+    assert len(seen) == 2
+    norms = [t for tags in seen.values() for t in tags if t.startswith("norm:")]
+    assert sorted(norms) == ["norm:postnorm", "norm:prenorm"]
+    assert all({"init:xavier", "enc:2", "seed:1"} <= tags for tags in seen.values())
 
 
 def test_single_run_that_fails_exits_nonzero_and_still_leaves_results(small_corpus, tmp_path):
