@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, tiny_overrides
 
 
@@ -82,3 +84,15 @@ def test_single_run_that_fails_exits_nonzero_and_still_leaves_results(small_corp
     assert p.returncode != 0
     assert "missing.de" in p.stderr
     assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_optuna_sweep_runs_trials_and_writes_the_best(small_corpus, tmp_path):
+    sweep = tmp_path / "optuna"
+    p = _train(["-m", "+sweep=optuna_lr", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=1",
+                f"data.train_src={small_corpus['train_src']}", *_tiny(small_corpus, tmp_path), "eval.valid_bleu=true",
+                f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    best = (sweep / "optimization_results.yaml").read_text()
+    assert "best_params" in best and "optim.lr" in best and "best_value" in best
+    assert len([d for d in sweep.iterdir() if (d / "results.json").is_file()]) == 2
