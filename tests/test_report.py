@@ -1,6 +1,8 @@
 """The report command on hand-written run folders: every cell of the table, by value."""
 import csv
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,9 @@ def sweep(tmp_path) -> Path:
     # pre_ln: depth 2 one seed only; depth 6 failed (results.json) + a job folder without results.json
     job(root, "4", "pre_ln", 2, 1, "completed", 11.5)
     job(root, "5", "pre_ln", 6, 1, "failed", error="FileNotFoundError: /nope.de")
-    job(root, "6", "pre_ln", 6, 2, None)
+    stale = job(root, "6", "pre_ln", 6, 2, None)
+    for f in [*stale.rglob("*")]:  # written an hour ago: crashed, not running
+        os.utime(f, (time.time() - 3600, time.time() - 3600))
     # admin: depth 6 both diverged; depth 2 missing
     job(root, "7", "admin", 6, 1, "diverged", diverged_step=3)
     job(root, "8", "admin", 6, 2, "diverged", diverged_step=5)
@@ -85,6 +89,12 @@ def test_expect_seeds_and_mixed_failures(sweep):
     assert got[("admin", 2)] == "missing"
 
 
+def test_a_job_still_writing_is_running_not_failed(sweep):
+    job(sweep, "10", "admin", 2, 1, None)
+    table = report.build_table(report.find_runs([str(sweep)]), ["arm"], ["model.encoder_layers"], "test_bleu")
+    assert cells(table)[("admin", 2)] == "running 1/1"
+
+
 def test_rows_from_choices_and_config_keys(sweep):
     runs = report.find_runs([str(sweep)])
     table = report.build_table(runs, ["norm", "init"], ["norm.placement"], "test_bleu")
@@ -113,7 +123,7 @@ def test_command_writes_outputs_and_refuses_to_overwrite(sweep, tmp_path, capsys
     printed = capsys.readouterr().out
     assert "| arm \\ model.encoder_layers | 2 | 6 |" in printed and "diverged 2/2" in printed
     md = (out / "report.md").read_text()
-    assert SIG in md and "9 runs" in md and "FileNotFoundError: /nope.de" in md and "no results.json" in md
+    assert SIG in md and "9 runs" in md and "FileNotFoundError: /nope.de" in md and "no results.json (the job crashed" in md
     assert "| arm | strategy | kept 1 | kept 2 |" in md
     assert "| post_ln | full |  | 10.00 |" in md and "| post_ln | every_other | 4.00 |  |" in md
     for f in ("report.csv", "runs.csv", "report.json", "curves.png", "test_bleu_vs_model_encoder_layers.png",

@@ -15,6 +15,7 @@ A cell is:
 - `27.31 ± 0.12 (1/3 diverged, 1/3 failed)`: partial divergence / failure: the mean is over the
   completed runs only, the note says how many of the cell's runs diverged or failed;
 - `diverged 3/3` / `failed 1/1` / `diverged 1/2, failed 1/2`: no completed run;
+- `running 1/2`: a job folder without results.json written to in the last 10 minutes (older: failed);
 - `missing`: an expected cell (observed row values × observed column values) with no run at all;
   with --expect-seeds N, a cell with fewer runs says `(k/N missing)`;
 - `n/a`: completed runs without this metric (e.g. test_bleu when eval.test=false).
@@ -35,6 +36,7 @@ import math
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,12 +47,13 @@ from normlab.commands.common import CommandError, main_guard
 
 NOT_SETTINGS = ("seed", "data.seed", "name", "group", "tags", "run_dir", "resume", "project")  # differ by design
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file")
+RUNNING_WINDOW_S = 600  # a job folder without results.json, written to in the last 10 minutes: running
 
 
 @dataclass
 class Run:
     path: Path
-    status: str  # completed | diverged | failed (also: no results.json, or any other status)
+    status: str  # completed | diverged | failed (also: no results.json, or any other status) | running
     results: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # flat: "model.encoder_layers" -> 6
     choices: dict = field(default_factory=dict)  # Hydra choices: "norm" -> "postnorm", "arm" -> "admin"
@@ -124,13 +127,19 @@ def load_run(job: Path) -> Run:
     choices = {**(results.get("choices") or {}), **_hydra_choices(job)}
     status = results.get("status")
     error = results.get("error")
-    if not results:
-        status, error = "failed", "no results.json (the job crashed, was killed or is still running)"
+    if not results and time.time() - _last_write(job) < RUNNING_WINDOW_S:
+        status, error = "running", "no results.json yet (files written in the last 10 minutes)"
+    elif not results:
+        status, error = "failed", "no results.json (the job crashed or was killed)"
     elif status not in ("completed", "diverged"):
         error = error or f"status {status!r}"
         status = "failed"
     return Run(job, status, results, config, {k: v for k, v in choices.items() if v is not None},
                _overrides(job), error)
+
+
+def _last_write(job: Path) -> float:
+    return max((p.stat().st_mtime for p in job.rglob("*") if p.is_file()), default=0.0)
 
 
 def find_runs(roots: list[str]) -> list[Run]:
@@ -198,9 +207,11 @@ def cell_stats(runs: list[Run], metric: str, expect_seeds: int | None = None, di
     done = [r for r in runs if r.status == "completed"]
     diverged = [r for r in runs if r.status == "diverged"]
     failed = [r for r in runs if r.status == "failed"]
+    running = [r for r in runs if r.status == "running"]
     values = [v for v in (r.metric(metric) for r in done) if v is not None]
     missing = max(0, expect_seeds - n) if expect_seeds else 0
-    stats = {"n": n, "completed": len(done), "diverged": len(diverged), "failed": len(failed), "missing": missing,
+    stats = {"n": n, "completed": len(done), "diverged": len(diverged), "failed": len(failed),
+             "running": len(running), "missing": missing,
              "values": values, "seeds": sorted({r.results.get("seed") for r in runs}, key=_sort_key),
              "mean": statistics.fmean(values) if values else None,
              "std": statistics.stdev(values) if len(values) > 1 else None}
@@ -211,12 +222,12 @@ def cell_stats(runs: list[Run], metric: str, expect_seeds: int | None = None, di
         base = _fmt_num(stats["mean"], digits)
         if stats["std"] is not None:
             base += f" ± {_fmt_num(stats['std'], digits)}"
-        notes = ([f"{len(diverged)}/{n} diverged"] if diverged else []) + ([f"{len(failed)}/{n} failed"] if failed
-                                                                            else [])
+        notes = [f"{len(group)}/{n} {word}" for word, group in
+                 (("diverged", diverged), ("failed", failed), ("running", running)) if group]
     else:
         base = "n/a" if done else ""
-        notes = ([f"diverged {len(diverged)}/{n}"] if diverged else []) + ([f"failed {len(failed)}/{n}"] if failed
-                                                                            else [])
+        notes = [f"{word} {len(group)}/{n}" for word, group in
+                 (("diverged", diverged), ("failed", failed), ("running", running)) if group]
     if missing:
         notes.append(f"{missing}/{expect_seeds} missing")
     if base and notes:
@@ -330,11 +341,11 @@ def _shown(path: Path, sources: list[str]) -> str:
 
 def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dict, ptable: list[dict],
                     plots: list[str]) -> str:
-    n = {s: sum(r.status == s for r in runs) for s in ("completed", "diverged", "failed")}
+    n = {s: sum(r.status == s for r in runs) for s in ("completed", "diverged", "failed", "running")}
     missing = sum(c["n"] == 0 for c in table["cells"].values())
     out = [f"# Ablation: {table['metric']} by {', '.join(table['rows'])} × {', '.join(table['cols'])}", "",
            f"{len(runs)} runs from {', '.join(sources)}: {n['completed']} completed, {n['diverged']} diverged, "
-           f"{n['failed']} failed; {missing} of {len(table['cells'])} cells missing. Cells: mean ± std over seeds "
+           f"{n['failed']} failed, {n['running']} running; {missing} of {len(table['cells'])} cells missing. Cells: mean ± std over seeds "
            "of the completed runs; notes count the cell's diverged / failed runs.", "",
            markdown_table(table)]
     sigs = signatures(runs, prune)
@@ -360,11 +371,11 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
 def cells_csv(table: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow([*table["rows"], *table["cols"], "metric", "n", "completed", "diverged", "failed", "missing",
+    w.writerow([*table["rows"], *table["cols"], "metric", "n", "completed", "diverged", "failed", "running", "missing",
                 "mean", "std", "seeds", "cell"])
     for (rv, cv), c in table["cells"].items():
         w.writerow([*map(_fmt_value, rv), *map(_fmt_value, cv), table["metric"], c["n"], c["completed"],
-                    c["diverged"], c["failed"], c["missing"], "" if c["mean"] is None else c["mean"],
+                    c["diverged"], c["failed"], c["running"], c["missing"], "" if c["mean"] is None else c["mean"],
                     "" if c["std"] is None else c["std"], " ".join(map(str, c["seeds"])), c["text"]])
     return buf.getvalue()
 
