@@ -58,6 +58,14 @@ def format_output(results: list[list[tuple[float | None, str]]], nbest: int) -> 
     return "".join(f"{i}\t{score:.4f}\t{text}\n" for i, nb in enumerate(results) for score, text in nb)
 
 
+def _stdin_lines() -> list[str]:
+    # split("\n") as data.corpus.read_lines does: splitlines() would also break at U+2028, \x0c, ...
+    text = sys.stdin.read()
+    if text.endswith("\n"):
+        text = text[:-1]
+    return [line.removesuffix("\r") for line in text.split("\n")] if text else []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m normlab.commands.translate",
                                  description=__doc__.split("\n\n")[0],
@@ -77,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CommandError(f"--nbest={args.nbest} must be between 1 and --beam={args.beam}")
     refuse_overwrite(args.output, force=args.force)
     try:
-        lines = read_lines(args.input) if args.input else sys.stdin.read().splitlines()
+        lines = read_lines(args.input) if args.input else _stdin_lines()
     except CorpusError as e:
         raise CommandError(str(e)) from None
     model, tok, _ = load(args.checkpoint, args.device)
