@@ -198,3 +198,14 @@ def test_step_checkpoints_are_ordered_by_step(tmp_path):
     for name in ("step10.ckpt", "step9.ckpt", "step100.ckpt", "best-step5.ckpt", "last.ckpt", "avg-last5.ckpt"):
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in step_checkpoints(tmp_path)] == ["step9.ckpt", "step10.ckpt", "step100.ckpt"]
+
+
+def test_default_config_tests_like_the_papers():
+    from normlab.config import ConfigError, validate_run_config
+
+    cfg = compose_cfg([])
+    assert dict(cfg.eval.test_decoder) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 50, "min_len": 0}
+    assert cfg.eval.decoder.beam == 1 and cfg.eval.test_greedy and cfg.eval.test_average
+    assert cfg.callbacks.checkpoint.keep_last_n == 5 and cfg.callbacks.checkpoint.every_n_steps > 0
+    with pytest.raises(ConfigError, match="eval.test_decoder.beam"):
+        validate_run_config(compose_cfg(["eval.test_decoder.beam=0"]))
