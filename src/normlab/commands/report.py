@@ -358,7 +358,7 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
         out += ["## BLEU after pruning (prune command)", "", prune_markdown(ptable, table["rows"])]
     bad = [r for r in runs if r.status != "completed"]
     if bad:
-        out += ["## Diverged and failed runs", "", "| run | status | detail |", "|---|---|---|"]
+        out += ["## Runs that did not complete (diverged, failed, running)", "", "| run | status | detail |", "|---|---|---|"]
         for r in bad:
             detail = (f"step {r.results.get('diverged_step')}: {r.results.get('divergence_reason', '')}"
                       if r.status == "diverged" else (r.error or "").splitlines()[0][:200])

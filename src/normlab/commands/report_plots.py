@@ -77,7 +77,7 @@ def _numeric(values: list[tuple]) -> bool:
 
 def metric_vs_column(path: Path, table: dict) -> bool:
     """The metric against a single numeric column key (e.g. depth), one line per row, ± std bars."""
-    if len(table["cols"]) != 1 or not _numeric(table["col_values"]):
+    if len(table["cols"]) != 1 or table["cols"][0] == "seed" or not _numeric(table["col_values"]):
         return False
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
