@@ -3,7 +3,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see normlab/__init__.py
 
 import gzip
-import os
 from pathlib import Path
 
 import pytest
