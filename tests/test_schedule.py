@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from normlab.schedule import inverse_sqrt_factor, peak_lr
+from normlab.schedule import constant_factor, inverse_sqrt_factor, lr_factor, peak_lr
 
 
 def paper_lr(step, d_model, warmup, scale=1.0):
@@ -30,3 +30,31 @@ def test_explicit_peak_and_no_warmup():
     assert inverse_sqrt_factor(4, 0) == pytest.approx(0.5)
     assert inverse_sqrt_factor(75, 150) == pytest.approx(0.5)
     assert inverse_sqrt_factor(600, 150) == pytest.approx(math.sqrt(150 / 600))
+
+
+def test_constant_schedule():
+    assert [constant_factor(s, 100) for s in (1, 50, 100, 101, 10_000)] == [0.01, 0.5, 1.0, 1.0, 1.0]
+    assert constant_factor(1, 0) == constant_factor(10_000, 0) == 1.0
+    assert lr_factor("constant", 400, 100) == 1.0
+    assert lr_factor("inverse_sqrt", 400, 100) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "constant"])
+def test_module_optimizer_follows_the_schedule(schedule):
+    # The lr the optimizer actually uses at optimizer step k (1-based) is peak * factor(k).
+    import torch
+
+    from normlab.config import ModelConfig
+    from normlab.lit_module import Seq2SeqModule
+
+    optim = {"lr": 2e-3, "warmup": 4, "schedule": schedule, "betas": [0.9, 0.98], "eps": 1e-9,
+             "label_smoothing": 0.1}
+    cfg = ModelConfig(vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_heads=2,
+                      decoder_heads=2, encoder_ffn=8, decoder_ffn=8)
+    module = Seq2SeqModule(cfg.to_dict(), optim=optim, eval={})
+    conf = module.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    for step in range(1, 12):
+        assert opt.param_groups[0]["lr"] == pytest.approx(2e-3 * lr_factor(schedule, step, 4))
+        opt.step()
+        sched.step()

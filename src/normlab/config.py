@@ -179,6 +179,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     _check(0.0 <= o.label_smoothing < 1.0, f"optim.label_smoothing={o.label_smoothing!r} must be in [0, 1)")
     _choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
             ("uniform", "fairseq"))
+    _choice("optim.schedule", o.get("schedule", "inverse_sqrt"), ("inverse_sqrt", "constant"))
     _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm!r} must be >= 0")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
     _positive("data.max_tokens", cfg.data.max_tokens)

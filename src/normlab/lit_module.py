@@ -18,7 +18,7 @@ from normlab.config import ModelConfig
 from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.losses import label_smoothed_nll
 from normlab.model.transformer import Seq2SeqTransformer
-from normlab.schedule import inverse_sqrt_factor, peak_lr
+from normlab.schedule import lr_factor, peak_lr
 
 
 def _dist() -> bool:
@@ -79,7 +79,8 @@ class Seq2SeqModule(L.LightningModule):
         opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o["betas"]), eps=o["eps"],
                                weight_decay=o.get("weight_decay", 0.0))
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt_factor(s + 1, o["warmup"]))
+        kind = o.get("schedule", "inverse_sqrt")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(kind, s + 1, o["warmup"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---- validation / test --------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+SCHEDULES = ("inverse_sqrt", "constant")
+
 
 def peak_lr(d_model: int, warmup: int, lr: float | None, scale: float = 1.0) -> float:
     if lr is not None:
@@ -22,3 +24,15 @@ def inverse_sqrt_factor(step: int, warmup: int) -> float:
     if warmup <= 0:  # no warmup (Nguyen & Salazar 2019 train ScaleNorm+FixNorm this way)
         return 1.0 / math.sqrt(step)
     return min(step / warmup, math.sqrt(warmup / step))
+
+
+def constant_factor(step: int, warmup: int) -> float:
+    """Linear warmup, then the peak lr held constant (Nguyen & Salazar 2019 train ScaleNorm+FixNorm
+    at a constant 3e-4 with no warmup; their decay on dev-BLEU plateaus is not implemented)."""
+    return min(max(step, 1) / warmup, 1.0) if warmup > 0 else 1.0
+
+
+def lr_factor(schedule: str, step: int, warmup: int) -> float:
+    if schedule == "constant":
+        return constant_factor(step, warmup)
+    return inverse_sqrt_factor(step, warmup)
