@@ -136,3 +136,17 @@ def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
     assert results["diverged_step"] == 8  # steps 6, 7, 8 above 2 x the lowest loss
     assert "explosion" in results["divergence_reason"]
     assert math.isfinite(results["last_finite_loss"])
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("postnorm", ("layernorm", "post", False)), ("prenorm", ("layernorm", "pre", False)),
+    ("scalenorm", ("scalenorm", "pre", False)), ("scalenorm_fixnorm", ("scalenorm", "pre", True)),
+    ("rmsnorm", ("rmsnorm", "pre", False))])
+def test_norm_options(option, expected):
+    from normlab.config import validate_run_config
+
+    norm = validate_run_config(compose_cfg([f"norm={option}", "logger=csv"])).norm
+    assert (norm.type, norm.placement, norm.fixnorm) == expected
+    # the two axes stay independent overrides
+    post = validate_run_config(compose_cfg([f"norm={option}", "norm.placement=post", "logger=csv"])).norm
+    assert (post.type, post.placement, post.fixnorm) == (expected[0], "post", expected[2])
