@@ -190,3 +190,23 @@ def test_sublayer_listing_ignores_layerdrop_in_training():
     assert torch.equal(model.decoder.layers.draw_state, draws[1])
     profile_omega_(model, [make_batch(2, 6, 5, seed=9)], PAD)
     assert all(b.omega[0].item() > 1.0 for _, blocks in stacks(model).values() for _, b in blocks[1:])
+
+
+def test_callback_closed_form_writes_json_and_resume_keeps_checkpoint_omega(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from normlab.callbacks.admin_init import AdminInit
+
+    model = admin_model()
+    module = SimpleNamespace(model=model, model_cfg=model.cfg)
+    trainer = SimpleNamespace(ckpt_path=None, is_global_zero=True, world_size=1, default_root_dir=str(tmp_path))
+    AdminInit(mode="closed_form").on_fit_start(trainer, module)
+    saved = json.loads((tmp_path / "admin_omega.json").read_text())
+    assert saved["mode"] == "closed_form"
+    assert saved["omega"]["enc.1.ffn"] == pytest.approx(closed_form_omega(4))
+    assert saved["omega"]["dec.2.cross_attn"] == pytest.approx(closed_form_omega(9))
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.omega.fill_(7.0)  # as restored from a checkpoint
+    AdminInit(mode="closed_form").on_fit_start(SimpleNamespace(**{**vars(trainer), "ckpt_path": "last.ckpt"}), module)
+    assert model.encoder.layers[0].ffn.omega[0].item() == 7.0
