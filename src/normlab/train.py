@@ -97,7 +97,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                "group": group, "seed": cfg.seed, "params": module.model.num_parameters()}
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("resume"))
-        results.update(status=getattr(module, "status", "completed"), **getattr(module, "divergence", {}))
+        # Ctrl-C / SIGTERM make Lightning return early with trainer.interrupted set: not a result.
+        status = "interrupted" if trainer.interrupted else getattr(module, "status", "completed")
+        results.update(status=status, **getattr(module, "divergence", {}))
         results.update(_final_scores(cfg, trainer, module, dm))
     finally:
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
