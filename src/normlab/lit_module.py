@@ -11,6 +11,7 @@ import math
 import time
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 import torch
 import torch.distributed as dist
 
@@ -134,6 +135,8 @@ class Seq2SeqModule(L.LightningModule):
         # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
         self.log_dict(metrics, sync_dist=_dist(), prog_bar=split == "valid")
         self.split_scores[split] = result
+        shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in metrics.items() if not k.endswith("nll"))
+        rank_zero_info(f"step {self.global_step} {split}: {shown}")  # a line per validation in the log
 
     def on_validation_epoch_end(self) -> None:
         self._finish_split("valid")
