@@ -3,6 +3,7 @@ command's outputs: outputs/layerdrop/<arm>-s<seed>/prune/prune.json -> experimen
 results.{md,json} and layerdrop.png.
 
     .venv/bin/python experiments/layerdrop/aggregate.py [--runs outputs/layerdrop]
+    .venv/bin/python experiments/layerdrop/aggregate.py --runs experiments/layerdrop/runs   # the copies kept in git
 """
 from __future__ import annotations
 
@@ -103,7 +104,10 @@ def plot(res: dict, path: Path, seed: int = 1) -> None:
             axes[1].plot(x, n, ls=ls, color=color, marker="o", ms=3, label=label)
     axes[0].set_ylabel("test BLEU (sacreBLEU, greedy)")
     axes[1].set_ylabel("test NLL per token (lower is better)")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("kept layers per stack (of 6)")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, loc="upper right")

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 COMMON=(--beam 1 --max-len-b 20 --max-sentences 200 --quiet)
-for seed in 1 2; do
+for seed in ${SEEDS:-1 2}; do  # SEEDS="2" to run one seed (e.g. two workers in parallel)
   for arm in ld0 ld0.2 ld0.5 ld0.5learned dh_const dh_vshape; do
     dir=outputs/layerdrop/${arm}-s${seed}
     while [ ! -f "$dir/results.json" ]; do sleep 20; done
