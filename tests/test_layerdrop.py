@@ -35,6 +35,7 @@ def test_p0_is_the_model_without_layerdrop_same_outputs_and_rng():
     src, tgt = batch()
     plain = model(cfg(0.0))
     assert type(plain.encoder.layers) is nn.ModuleList  # config p = 0: no LayerDrop state at all
+    assert type(model(cfg(0.0, rates="learned")).decoder.layers) is nn.ModuleList  # no unused logits
     wrapped = model(cfg(0.0))
     # the list itself at p = 0: same layers, same outputs, same global RNG use (dropout is on)
     wrapped.encoder.layers = LayerDropModuleList(0.0, list(wrapped.encoder.layers))

@@ -150,8 +150,9 @@ class LayerDropModuleList(nn.ModuleList):
 
 
 def layer_list(layers: Iterable[nn.Module], p: float, rates: str = "uniform", salt: int = 0) -> nn.ModuleList:
-    """What a stack stores as `self.layers`: a plain ModuleList when LayerDrop is off (p = 0 and
-    fixed rates), so such checkpoints carry no LayerDrop state and p = 0 is the model without it."""
-    if p == 0.0 and rates == "uniform":
+    """What a stack stores as `self.layers`: a plain ModuleList when LayerDrop is off (p = 0), so
+    such checkpoints carry no LayerDrop state and p = 0 is the model without it. Learned rates with
+    p = 0 would all be 0 (and their logits unused, which DDP rejects): also a plain list."""
+    if p == 0.0:
         return nn.ModuleList(layers)
     return LayerDropModuleList(p, layers, rates, salt=salt)
