@@ -159,3 +159,12 @@ def test_learned_rates_keep_mean_p_and_get_gradients():
     assert layers.rate_logits.grad is not None and layers.rate_logits.grad.abs().sum() > 0
     # the forward value is exactly the hard gate: the kept layers only
     assert torch.allclose(out, prune(m, ke, kd).eval()(src, tgt), atol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient_even_when_every_layer_is_skipped():
+    # p = 1: the decoder uses the encoder output only through its skipped layers' zero term
+    m = model(cfg(1.0, dropout=0.0)).train()
+    src, tgt = batch()
+    m(src, tgt).square().mean().backward()
+    assert m.decoder.layers.last_kept == [] and m.encoder.layers.last_kept == []
+    assert all(p.grad is not None for p in m.parameters())

@@ -14,14 +14,18 @@ from normlab.config import ModelConfig
 from normlab.model.transformer import Seq2SeqTransformer
 
 V, STEPS = 31, 3
-RATES = ("uniform", "learned")
+# (p, rates): random skips; learned rates; p = 1, every layer skipped (then the encoder output
+# reaches the loss only through the skipped decoder layers' zero term)
+CASES = {"uniform": (0.5, "uniform"), "learned": (0.5, "learned"), "all_skipped": (1.0, "uniform")}
+RATES = tuple(CASES)
 
 
-def make_model(rates: str) -> Seq2SeqTransformer:
+def make_model(case: str) -> Seq2SeqTransformer:
+    p, rates = CASES[case]
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=V, d_model=16, encoder_layers=4, decoder_layers=4, encoder_heads=2, decoder_heads=2,
                       encoder_ffn=24, decoder_ffn=24, max_positions=32,
-                      regularizer=dict(encoder_layerdrop=0.5, decoder_layerdrop=0.5, layerdrop_rates=rates))
+                      regularizer=dict(encoder_layerdrop=p, decoder_layerdrop=p, layerdrop_rates=rates))
     return Seq2SeqTransformer(cfg)
 
 

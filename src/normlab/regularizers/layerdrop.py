@@ -19,9 +19,11 @@ forward from (seed, stack salt, draw counter); seed and counter live in the pers
 Skipped layers and DDP. A layer skipped on every rank has no gradient; DDP without
 `find_unused_parameters=True` then fails at the next step ("Expected to have finished reduction in
 the prior iteration"). find_unused_parameters walks the autograd graph at every step. Instead a
-skipped layer yields `x + 0·Σθ` over its own parameters: one reduction over the layer's weights
-(negligible next to running it), every parameter gets a gradient (exactly zero), and DDP buckets
-stay identical across steps. We do this on one process too, so one process and DDP train the same
+skipped layer yields `x + 0·Σθ` over its own parameters and its other tensor inputs (the encoder
+output, for a decoder layer: with every decoder layer skipped the encoder would otherwise get no
+gradient): one reduction over the layer's weights (negligible next to running it), every parameter
+gets a gradient (exactly zero), and DDP buckets stay identical across steps. We do this on one
+process too, so one process and DDP train the same
 way: the optimizer sees a zero gradient for a skipped layer, not a missing one (Adam's moments keep
 decaying and moving it, as in fairseq whose `zero_grad` zeroed gradients rather than freeing them).
 
@@ -63,7 +65,11 @@ class _Skipped(_Proxy):
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return x
-        zero = sum(p.sum() for p in self.layer.parameters() if p.requires_grad) * 0.0
+        # Its other inputs too: with every decoder layer skipped, the encoder output (memory) would
+        # otherwise not reach the loss and the whole encoder would go without gradients.
+        inputs = [a for a in (*args, *kwargs.values())
+                  if isinstance(a, torch.Tensor) and a.requires_grad and a.is_floating_point()]
+        zero = sum(t.sum() for t in (*self.layer.parameters(), *inputs) if t.requires_grad) * 0.0
         return x + zero.to(x.dtype)
 
 
