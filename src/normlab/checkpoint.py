@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from normlab.config import ModelConfig
@@ -45,7 +44,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     truncated checkpoint behind the name `last.ckpt`)."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        if get_filesystem(path).protocol not in ("file", ("file", "local")) and "://" in str(path):
+        if "://" in str(path):  # remote filesystems (s3://, gs://): Lightning's own writer
             return super().save_checkpoint(checkpoint, path, storage_options)
         atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
 
