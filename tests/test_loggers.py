@@ -18,7 +18,14 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
     assert (run.name, run.group) == ("prenorm-x", "grp")
     assert set(run.tags) == {"norm:prenorm", "seed:1"}
     assert run.config["norm"]["placement"] == "pre"
-    finish_logger(logger)
+    import wandb
+
+    real_finish = wandb.finish
+    monkeypatch.setattr(wandb, "finish", lambda: None)  # read the summary before the run closes
+    finish_logger(logger, {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
+    assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and "choices" not in run.summary.keys()
+    monkeypatch.setattr(wandb, "finish", real_finish)
+    wandb.finish()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
 

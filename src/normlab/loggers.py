@@ -29,10 +29,14 @@ def build_logger(logger_cfg: Any, run_dir: Path, project: str, name: str, group:
                        reinit=True)
 
 
-def finish_logger(logger) -> None:
-    """Close the W&B run so each multirun job is its own finished run."""
+def finish_logger(logger, results: dict | None = None) -> None:
+    """Copy results.json's scalars (status, test_bleu, ...) into the W&B run summary, so the
+    dashboard and `report --wandb` see diverged / failed runs too; then close the run so each
+    multirun job is its own finished run."""
     if logger and type(logger).__name__ == "WandbLogger":
         import wandb
 
         if wandb.run is not None:
+            wandb.run.summary.update({k: v for k, v in (results or {}).items()
+                                      if isinstance(v, (str, int, float, bool)) or v is None})
             wandb.finish()

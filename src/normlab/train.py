@@ -106,7 +106,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                        wall_s=round(time.time() - t0, 1))
         if trainer.is_global_zero:
             write_json(run_dir / "results.json", results)
-        finish_logger(logger)
+        finish_logger(logger, results)
     if trainer.is_global_zero:
         log.info("test BLEU %s  (%s)", results.get("test_bleu"), results.get("bleu_signature"))
         print(f"\nrun folder: {run_dir}\ntest BLEU: {results.get('test_bleu')}  chrF: {results.get('test_chrf')}"
