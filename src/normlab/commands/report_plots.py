@@ -7,7 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
-from normlab.commands.report import Run, key_of, label
+from normlab.commands.report import key_of, label
+from normlab.commands.report_runs import Run
 
 
 def _plt():
