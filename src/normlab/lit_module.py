@@ -43,24 +43,27 @@ class Seq2SeqModule(L.LightningModule):
         self._reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
         logits = self.model(batch["src"], batch["tgt_in"])
         loss, nll = label_smoothed_nll(logits, batch["tgt_out"], self.optim_cfg["label_smoothing"],
                                        self.model_cfg.pad_id, self.optim_cfg.get("label_smoothing_convention", "uniform"))
-        ntok = batch["tgt_out"].ne(self.model_cfg.pad_id).sum()
+        # collate counts the non-pad labels on the host: no device sync per step to read it back
+        ntok = batch.get("ntokens")
+        ntok = int(batch["tgt_out"].ne(self.model_cfg.pad_id).sum()) if ntok is None else int(ntok)
         return loss, nll, ntok
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, nll, ntok = self._loss(batch)
-        global_ntok = ntok.clone().float()
+        n = max(ntok, 1)
+        mean_ntok = float(n)
         if _dist():  # normalise by the global token count; DDP then averages over ranks
-            dist.all_reduce(global_ntok)
-            global_ntok = global_ntok / dist.get_world_size()
-        self._train_tokens += int(ntok)
-        n = ntok.clamp(min=1)
-        self.log_dict({"train/loss": loss / n, "train/nll": nll / n}, prog_bar=True, batch_size=int(n))
+            t = torch.tensor([float(ntok)], device=loss.device)
+            dist.all_reduce(t)
+            mean_ntok = max(t.item() / dist.get_world_size(), 1.0)
+        self._train_tokens += ntok
+        self.log_dict({"train/loss": loss / n, "train/nll": nll / n}, prog_bar=True, batch_size=n)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
-        return loss / global_ntok.clamp(min=1)
+        return loss / mean_ntok
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()
@@ -91,7 +94,7 @@ class Seq2SeqModule(L.LightningModule):
 
     def _eval_step(self, batch: dict, bleu: bool, decode=None) -> None:
         loss, nll, ntok = self._loss(batch)
-        self._sums += torch.tensor([loss.item(), nll.item(), ntok.item()], dtype=torch.float64)
+        self._sums += torch.tensor([loss.item(), nll.item(), ntok], dtype=torch.float64)
         if bleu:
             self._hyps.update(translate_batches(self.model, [batch], decode or self.decode, self._detok))
 

@@ -1,0 +1,25 @@
+"""The real training loop under DDP: 2 CPU processes (gloo), Lightning's ddp strategy, train.py."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_two_process_ddp_run_completes(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [f"data.{k}={v}" for k, v in small_corpus.items()] + [
+        "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+        "data.vocab_size=300", "data.max_tokens=512", f"data.cache_dir={tmp_path / 'cache'}",
+        "model.d_model=32", "model.encoder_ffn=64", "model.decoder_ffn=64", "model.encoder_layers=1",
+        "model.decoder_layers=1", "regularizer=layerdrop_drophead", "trainer.max_steps=6",
+        "trainer.val_check_interval=3", "trainer.enable_progress_bar=false", "logger=csv",
+        "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5", f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 6
+    assert results["choices"]["trainer"] == "ddp"
+    assert isinstance(results["test_bleu"], float)
