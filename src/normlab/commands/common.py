@@ -49,6 +49,16 @@ def setup_runtime(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+def parse_decoding_command(ap: argparse.ArgumentParser, argv: list[str] | None,
+                           max_tokens: int | None = 4096) -> tuple[argparse.Namespace, dict]:
+    """The decoding and runtime flags every decoding command shares; parse; (args, decoder kwargs)."""
+    add_decoder_args(ap)
+    add_runtime_args(ap, max_tokens=max_tokens)
+    args = ap.parse_args(argv)
+    setup_runtime(args)
+    return args, decoder_kwargs(args)
+
+
 def refuse_overwrite(*paths: str | os.PathLike | None, force: bool) -> None:
     for p in paths:
         if p is not None and Path(p).exists() and not force:

@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes, write_json
-from normlab.commands.common import (CommandError, add_decoder_args, add_runtime_args, decoder_kwargs, load,
-                                     main_guard, refuse_overwrite, run_dir_of_checkpoint, setup_runtime)
+from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
+                                     run_dir_of_checkpoint)
 from normlab.data.corpus import CorpusError, read_lines
 from normlab.evaluation import lines_loader, make_decoder, ordered, score, translate_batches
 
@@ -65,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", "-o", help="JSON file for the scores (default: <run>/eval/<ckpt>.<split>.beam<k>.json)")
     ap.add_argument("--hyp-output", help="where to write the hypotheses (default: the JSON path with .hyp)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_decoder_args(ap)
-    add_runtime_args(ap, max_tokens=8192)
-    args = ap.parse_args(argv)
-    setup_runtime(args)
-    decoder = decoder_kwargs(args)
+    args, decoder = parse_decoding_command(ap, argv, max_tokens=8192)
     if bool(args.split) == bool(args.src or args.ref) or bool(args.src) != bool(args.ref):
         raise CommandError("give either --split, or both --src and --ref")
     model, tok, ckpt_path = load(args.checkpoint, args.device)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 from functools import partial
 from pathlib import Path
@@ -34,8 +33,8 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes, save_model, write_json
-from normlab.commands.common import (CommandError, add_decoder_args, add_runtime_args, decoder_kwargs, load,
-                                     main_guard, refuse_overwrite, run_dir_of_checkpoint, setup_runtime)
+from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
+                                     run_dir_of_checkpoint)
 from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
 from normlab.evaluation import lines_loader, make_decoder, ordered, score, translate_batches
 from normlab.regularizers.pruning import STRATEGIES, choose, learned_rates, prune
@@ -207,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="search_on_valid tries all C(N, r) subsets up to this many, else greedy (default: 64)")
     ap.add_argument("--save-checkpoints", action="store_true", help="write each pruned model as a checkpoint")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_decoder_args(ap)
-    add_runtime_args(ap, max_tokens=8192)
-    args = ap.parse_args(argv)
-    setup_runtime(args)
-    decoder = decoder_kwargs(args)
+    args, decoder = parse_decoding_command(ap, argv, max_tokens=8192)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:

@@ -19,8 +19,7 @@ import torch
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes
-from normlab.commands.common import (CommandError, add_decoder_args, add_runtime_args, decoder_kwargs, load,
-                                     main_guard, refuse_overwrite, setup_runtime)
+from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite)
 from normlab.data.corpus import CorpusError, read_lines
 from normlab.decoding.beam import beam_search
 from normlab.evaluation import lines_loader, make_decoder
@@ -76,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nbest", type=int, default=1,
                     help="hypotheses per sentence; > 1 writes index<TAB>score<TAB>text lines (default: 1)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_decoder_args(ap)
-    add_runtime_args(ap)
-    args = ap.parse_args(argv)
-    setup_runtime(args)
-    decoder = decoder_kwargs(args)
+    args, decoder = parse_decoding_command(ap, argv)
     if not 1 <= args.nbest <= args.beam:
         raise CommandError(f"--nbest={args.nbest} must be between 1 and --beam={args.beam}")
     refuse_overwrite(args.output, force=args.force)
