@@ -53,6 +53,9 @@ def cache_key(lines: list[str], settings: dict) -> str:
 
 
 class Tokenizer:
+    # Fixed ids, set when sentencepiece is trained (pad 0, bos 1, eos 2, unk 3).
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
     def __init__(self, model_proto: bytes, path: Path | None = None):
         self._proto = model_proto
         self.path = path
@@ -126,21 +129,6 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
-
-    @property
-    def bos_id(self) -> int:
-        return BOS_ID
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
-    @property
-    def unk_id(self) -> int:
-        return UNK_ID
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Subword ids without BOS/EOS (collate adds them)."""
