@@ -23,7 +23,8 @@ from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_logger, finish_logger
 
 log = logging.getLogger("normlab")
-CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment", "arm", "sweep")
+CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
+                 "arm", "sweep")
 
 
 def hydra_choices() -> dict[str, str | None]:
@@ -41,10 +42,11 @@ def run_dir_of(cfg: DictConfig) -> Path:
 
 def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
     """W&B name, group and tags from the Hydra choices, so the dashboard groups by them."""
-    group = cfg.get("group") or (HydraConfig.get().runtime.get("choices", {}).get("experiment")
-                                 if HydraConfig.initialized() else None) or "default"
-    if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
-        group = cfg.get("group") or Path(HydraConfig.get().sweep.dir).name
+    group = cfg.get("group")
+    if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
+        hc = HydraConfig.get()
+        group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")
+    group = group or "default"
     m = cfg.model
     tags = [f"{k}:{v}" for k, v in choices.items() if v is not None]
     tags += [f"enc:{m.encoder_layers}", f"dec:{m.decoder_layers}", f"seed:{cfg.seed}", *cfg.get("tags", [])]
