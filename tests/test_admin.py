@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from normlab.config import ModelConfig
-from normlab.init.admin import (closed_form_omega, closed_form_omega_, export_post_norm,
-                                profile_omega_, stacks)
+from normlab.init.admin import closed_form_omega, closed_form_omega_, export_post_norm, profile_omega_
 from normlab.model.transformer import Seq2SeqTransformer
 
 V, PAD = 29, 0
@@ -76,7 +75,7 @@ def test_profiled_omega_equals_hand_computation(norm_type):
     src[:3, :7], src[3:] = b1["src"], b2["src"]
     tgt[:3], tgt[3:, :4] = b1["tgt_in"], b2["tgt_in"]
     expected = hand_profile(model.eval(), src, tgt)
-    got = {name: block.omega for _, blocks in stacks(model).values() for name, block in blocks}
+    got = {name: block.omega for name, block in model.residual_blocks()}
     assert list(got) == list(expected)  # 2 x 2 encoder + 3 x 3 decoder sub-layers, in order
     assert len(got) == 2 * 2 + 3 * 3
     for name, w in expected.items():
@@ -118,7 +117,7 @@ def test_closed_form_fills_each_stack_with_its_own_n():
     model = admin_model()
     closed_form_omega_(model)
     for key, n in (("enc", 2 * 2), ("dec", 3 * 3)):
-        for name, block in stacks(model)[key][1]:
+        for name, block in model.stacks()[key].residual_blocks(key):
             torch.testing.assert_close(block.omega.detach(), torch.full((16,), closed_form_omega(n)))
 
 
@@ -130,8 +129,8 @@ def _randomise(model, omega_first_one=True):
                 if isinstance(m, (torch.nn.LayerNorm,)) or type(m).__name__ == "RMSNorm":
                     if p is not None:
                         p.uniform_(0.5, 1.5) if pname == "weight" else p.uniform_(-0.3, 0.3)
-        for _, blocks in stacks(model).values():
-            for k, (_, block) in enumerate(blocks):
+        for key, stack in model.stacks().items():
+            for k, (_, block) in enumerate(stack.residual_blocks(key)):
                 block.omega.uniform_(0.5, 3.0)
                 if k == 0 and omega_first_one:
                     block.omega.fill_(1.0)
@@ -164,8 +163,8 @@ def test_export_refuses_what_is_not_exact_and_says_why():
     # ScaleNorm: exact for scalar ω (e.g. at init), not for a vector
     sn = admin_model("scalenorm", seed=7)
     closed_form_omega_(sn)
-    for _, blocks in stacks(sn).values():
-        blocks[0][1].omega.data.fill_(1.0)  # the first sub-layer's ω cannot be folded (see admin.py)
+    for key, stack in sn.stacks().items():
+        stack.residual_blocks(key)[0][1].omega.data.fill_(1.0)  # the first sub-layer's ω cannot be folded (see admin.py)
     plain, report = export_post_norm(sn.eval())
     b = make_batch(2, 6, 5, seed=8)
     torch.testing.assert_close(plain.eval()(b["src"], b["tgt_in"]), sn(b["src"], b["tgt_in"]), rtol=1e-4, atol=1e-4)
@@ -184,12 +183,13 @@ def test_sublayer_listing_ignores_layerdrop_in_training():
                       regularizer={"encoder_layerdrop": 0.9, "decoder_layerdrop": 0.9})
     model = Seq2SeqTransformer(cfg).train()
     draws = [model.encoder.layers.draw_state.clone(), model.decoder.layers.draw_state.clone()]
-    names = [n for _, blocks in stacks(model).values() for n, _ in blocks]
+    names = [n for n, _ in model.residual_blocks()]
     assert len(names) == 3 * 2 + 2 * 3
     assert torch.equal(model.encoder.layers.draw_state, draws[0])  # no LayerDrop draw consumed
     assert torch.equal(model.decoder.layers.draw_state, draws[1])
     profile_omega_(model, [make_batch(2, 6, 5, seed=9)], PAD)
-    assert all(b.omega[0].item() > 1.0 for _, blocks in stacks(model).values() for _, b in blocks[1:])
+    assert all(b.omega[0].item() > 1.0 for key, stack in model.stacks().items()
+               for _, b in stack.residual_blocks(key)[1:])
 
 
 def test_callback_closed_form_writes_json_and_resume_keeps_checkpoint_omega(tmp_path):

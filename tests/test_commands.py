@@ -27,7 +27,7 @@ SACREBLEU = Path(sys.executable).parent / "sacrebleu"
 def trained(small_corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("cmdrun")
     cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") + [
-        "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last_n=3",
+        "callbacks.step_checkpoints.every_n_steps=2", "callbacks.step_checkpoints.keep_last_n=3",
         "eval.test_decoder.max_len_b=20"])
     results = run(cfg)
     (run_dir / ".hydra").mkdir()
@@ -206,6 +206,6 @@ def test_default_config_tests_like_the_papers():
     cfg = compose_cfg([])
     assert dict(cfg.eval.test_decoder) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 50, "min_len": 0}
     assert cfg.eval.decoder.beam == 1 and cfg.eval.test_greedy and cfg.eval.test_average
-    assert cfg.callbacks.checkpoint.keep_last_n == 5 and cfg.callbacks.checkpoint.every_n_steps > 0
+    assert cfg.callbacks.step_checkpoints.keep_last_n == 5 and cfg.callbacks.step_checkpoints.every_n_steps > 0
     with pytest.raises(ConfigError, match="eval.test_decoder.beam"):
         validate_run_config(compose_cfg(["eval.test_decoder.beam=0"]))

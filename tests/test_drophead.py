@@ -9,8 +9,8 @@ from normlab.callbacks.drophead_schedule import DropHeadSchedule
 from normlab.config import ModelConfig
 from normlab.model.attention import MultiheadAttention
 from normlab.model.transformer import Seq2SeqTransformer
-from normlab.regularizers.drophead import drophead_mask, install_drophead
-from normlab.regularizers.schedules import schedule_value
+from normlab.regularizers.drophead import DropHead, drophead_mask, set_drophead_p
+from normlab.regularizers.rate_schedules import schedule_value
 
 V = 29
 
@@ -54,13 +54,12 @@ def test_mask_expectation_is_one_monte_carlo(p):
 
 def test_attention_output_expectation_unchanged_with_fused_sdpa():
     torch.manual_seed(0)
-    att = MultiheadAttention(16, 4, kind="encoder_self")
+    att = MultiheadAttention(16, 4, kind="encoder_self", drophead=DropHead(0.5))
     x = torch.randn(1, 5, 16).expand(4000, 5, 16)  # one sentence, many independent masks
     pad = torch.zeros(4000, 5, dtype=torch.bool)
     pad[:, 4] = True
     att.eval()
     ref = att(x[:1], key_padding_mask=pad[:1])
-    install_drophead(att, 0.5)
     att.train()
     out = att(x, key_padding_mask=pad)
     assert torch.isfinite(out).all()
@@ -73,15 +72,16 @@ def test_p0_equals_the_model_without_drophead_same_rng():
     src, tgt = batch()
     torch.manual_seed(0)
     plain = Seq2SeqTransformer(cfg(0.0)).train()
+    assert not any(isinstance(m, DropHead) for m in plain.modules())  # p = 0: no module at all
     torch.manual_seed(0)
-    hooked = Seq2SeqTransformer(cfg(0.0)).train()
-    assert len(install_drophead(hooked, 0.0)) == 2 * 2 + 2  # every attention module of 2+2 layers
+    hooked = Seq2SeqTransformer(cfg(0.3)).train()
+    assert set_drophead_p(hooked, 0.0) == 2 * 2 + 2  # every attention module of 2+2 layers
     torch.manual_seed(4)
     a = plain(src, tgt)
     state = torch.get_rng_state()
     torch.manual_seed(4)
     assert torch.equal(a, hooked(src, tgt))
-    assert torch.equal(state, torch.get_rng_state())  # p = 0: the hook is never called
+    assert torch.equal(state, torch.get_rng_state())  # p = 0: no mask is drawn
 
 
 def test_eval_unaffected_and_training_changes_output():
@@ -100,7 +100,7 @@ def test_eval_unaffected_and_training_changes_output():
                                          ("drophead_decoder_self", "decoder_self"), ("drophead_cross", "cross")])
 def test_each_attention_kind_is_switchable(switch, kind):
     m = Seq2SeqTransformer(cfg(0.3, **{switch: False}))
-    hooked = {a.kind for a in m.modules() if isinstance(a, MultiheadAttention) and a.head_mask_fn is not None}
+    hooked = {a.kind for a in m.modules() if isinstance(a, MultiheadAttention) and isinstance(a.drophead, DropHead)}
     assert hooked == {"encoder_self", "decoder_self", "cross"} - {kind}
 
 
@@ -136,7 +136,7 @@ def test_callback_sets_p_from_global_step_and_defaults_to_lr_warmup():
     for gs in (0, 5, 9, 10, 49):
         cb.on_train_batch_start(SimpleNamespace(global_step=gs, max_steps=50), module, None, 0)
         expected = v_formula(gs + 1, 0.3, 0.3, 10, 50)  # schedule step = optimizer steps done + 1
-        ps = [a.drophead_p for a in m.modules() if isinstance(a, MultiheadAttention)]
+        ps = [a.drophead.p for a in m.modules() if isinstance(a, MultiheadAttention)]
         assert len(ps) == 6 and ps == pytest.approx([expected] * 6)
     # stateless: a fresh callback (a resumed run) at the same global_step sets the same p
     fresh = DropHeadSchedule(p=0.3, schedule="v_shape")

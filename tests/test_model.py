@@ -122,15 +122,21 @@ def test_residual_block_formulas():
         ResidualBlock(f, norm, 8, "pre", dropout=0.0, omega=True)
 
 
-def test_residual_ratio_hook_off_by_default_and_exact_when_on():
-    f, norm = nn.Linear(8, 8), nn.LayerNorm(8)
-    block = ResidualBlock(f, norm, 8, "pre", dropout=0.0)
-    x = torch.randn(4, 8)
-    block(x)
-    assert block.last_ratio is None
-    block.record_ratio = True
-    block(x)
-    assert block.last_ratio.item() == pytest.approx((f(norm(x)).norm() / x.norm()).item(), rel=1e-5)
+def test_residual_ratio_hooks_are_exact_and_removed():
+    from normlab.callbacks.diagnostics import RatioHooks
+
+    model = Seq2SeqTransformer(tiny(norm={"placement": "pre"})).eval()
+    src, tgt = batch()
+    before = model(src, tgt)
+    hooks = RatioHooks(model)
+    torch.testing.assert_close(model(src, tgt), before)  # hooks observe, never change
+    ratios = hooks.close()
+    assert len(ratios) == 2 * 2 + 2 * 3
+    block = model.encoder.layers[1].ffn
+    pad = src.eq(PAD)
+    x = model.encoder.layers[1].self_attn(model.encoder.layers[0](model.encoder.embed(src), pad), key_padding_mask=pad)
+    assert ratios["enc.1.ffn"] == pytest.approx((block.sublayer(block.norm(x)).norm() / x.norm()).item(), rel=1e-5)
+    assert all(not b._forward_pre_hooks and not b.sublayer._forward_hooks for _, b in model.residual_blocks())
 
 
 def test_head_mask_zeroes_a_heads_contribution():
@@ -145,20 +151,29 @@ def test_head_mask_zeroes_a_heads_contribution():
     assert not torch.allclose(masked[1], attn(x)[1])
 
 
-def test_head_mask_fn_called_only_in_training_with_positive_p():
-    attn = MultiheadAttention(8, 2)
+def test_injected_drophead_acts_on_head_outputs_only_in_training_with_positive_p():
+    from normlab.regularizers.drophead import DropHead
+
     calls = []
-    attn.head_mask_fn = lambda module, b: calls.append(b) or torch.zeros(b, module.num_heads)
+
+    class ZeroHeads(DropHead):  # records its calls; drops every head when active
+        def forward(self, heads):
+            calls.append(heads.shape)
+            return super().forward(heads) * 0.0 if self.training and self.p > 0 else heads
+
+    attn = MultiheadAttention(8, 2, drophead=ZeroHeads(0.0))
     x = torch.randn(3, 4, 8)
+    plain = MultiheadAttention(8, 2)
+    plain.load_state_dict(attn.state_dict())
     attn.train()
-    attn(x)  # p = 0
-    attn.drophead_p = 0.5
+    torch.testing.assert_close(attn(x), plain(x))  # p = 0
+    attn.drophead.p = 0.5
     attn.eval()
-    attn(x)
-    assert calls == []
+    torch.testing.assert_close(attn(x), plain.eval()(x))
     attn.train()
     torch.testing.assert_close(attn(x), attn.out_proj.bias.expand(3, 4, 8))  # every head dropped
-    assert calls == [3]
+    assert calls == [(3, 2, 4, 4)] * 3  # (B, H, T, Dh), before the heads are merged
+    assert isinstance(MultiheadAttention(8, 2).drophead, nn.Identity)
 
 
 def test_content_at_pad_positions_does_not_change_real_outputs():

@@ -22,7 +22,7 @@ def _tiny(small_corpus, tmp_path) -> list[str]:
     over = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
             if not o.startswith(("+run_dir", "data.train_src"))]
     return over + ["trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false",
-                   "callbacks.checkpoint.keep_last_n=0", "name=j${hydra:job.num}"]
+                   "callbacks.step_checkpoints.keep_last_n=0", "name=j${hydra:job.num}"]
 
 
 def wandb_records(path: Path):

@@ -9,7 +9,9 @@ import torch
 from normlab.checkpoint import load_checkpoint, load_model
 from normlab.commands.export_admin import main as export_main
 from normlab.lit_module import Seq2SeqModule
-from normlab.train import build_callbacks, run
+from normlab.callbacks import instantiate_callbacks
+from normlab.config import ConfigError
+from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 
@@ -80,12 +82,12 @@ def test_export_cli_on_a_trained_admin_checkpoint(admin_run, tmp_path, capsys):
 
 def test_admin_options_compose(small_corpus, tmp_path):
     cfg = compose_cfg(["norm=postnorm", "init=admin", "init.admin.mode=closed_form", "logger=csv"])
-    admin = [c for c in build_callbacks(cfg, tmp_path) if type(c).__name__ == "AdminInit"]
+    admin = [c for c in instantiate_callbacks(cfg.callbacks) if type(c).__name__ == "AdminInit"]
     assert len(admin) == 1 and admin[0].mode == "closed_form"
-    with pytest.raises(Exception, match="init.admin.mode=.fancy. is not valid"):
-        build_callbacks(compose_cfg(["norm=postnorm", "init=admin", "init.admin.mode=fancy"]), tmp_path)
+    with pytest.raises(ConfigError, match="init.admin.mode=.fancy. is not valid"):
+        instantiate_callbacks(compose_cfg(["norm=postnorm", "init=admin", "init.admin.mode=fancy"]).callbacks)
     xavier = compose_cfg(["logger=csv"])
-    assert not any(type(c).__name__ == "AdminInit" for c in build_callbacks(xavier, tmp_path))
+    assert not any(type(c).__name__ == "AdminInit" for c in instantiate_callbacks(xavier.callbacks))
 
 
 NAN_AT = 5  # 0-based global step whose loss is made NaN

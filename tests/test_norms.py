@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from normlab.config import NormConfig
-from normlab.init.xavier import xavier_init_
+from normlab.model.initialization import xavier_init_
 from normlab.model.embeddings import OutputProjection, TokenEmbedding, sinusoidal_table
 from normlab.model.norms import NORMS, RMSNorm, ScaleNorm, build_norm
 

@@ -126,7 +126,7 @@ def layerdrop_run(small_corpus, tmp_path_factory):
     overrides = tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") + [
         "regularizer=layerdrop_drophead", "regularizer.layerdrop_rates=learned", "regularizer.encoder_layerdrop=0.5",
         "regularizer.decoder_layerdrop=0.5", "model.encoder_layers=4", "model.decoder_layers=4",
-        "eval.test=false", "eval.valid_bleu=false", "callbacks.checkpoint.keep_last_n=0", "trainer.log_every_n_steps=1"]
+        "eval.test=false", "eval.valid_bleu=false", "callbacks.step_checkpoints.keep_last_n=0", "trainer.log_every_n_steps=1"]
     cfg = compose_cfg(overrides)
     results = run(cfg)
     (run_dir / ".hydra").mkdir()
@@ -137,7 +137,7 @@ def layerdrop_run(small_corpus, tmp_path_factory):
 def test_drophead_schedule_logged_during_training(layerdrop_run):
     import csv
 
-    from normlab.regularizers.schedules import schedule_value
+    from normlab.regularizers.rate_schedules import schedule_value
 
     run_dir, _ = layerdrop_run
     rows = [r for r in csv.DictReader(open(run_dir / "csv" / "metrics.csv")) if r.get("regularizer/drophead_p")]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from normlab.checkpoint import load_checkpoint
-from normlab.regularizers.schedules import schedule_value
+from normlab.regularizers.rate_schedules import schedule_value
 from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
@@ -16,7 +16,7 @@ def test_resume_continues_drophead_schedule_and_layerdrop_draws(small_corpus, tm
     run_dir = tmp_path / "run"
     base = tiny_overrides(small_corpus, run_dir, tmp_path / "cache") + [
         "regularizer=layerdrop_drophead", "eval.test=false", "eval.valid_bleu=false", "trainer.log_every_n_steps=1",
-        "callbacks.checkpoint.keep_last_n=0", "+trainer.limit_train_batches=4"]
+        "callbacks.step_checkpoints.keep_last_n=0", "+trainer.limit_train_batches=4"]
     # leg 1: one epoch of 4 batches (of max_steps = 8), then stop
     run(compose_cfg(base + ["trainer.max_epochs=1"]))
     ckpt = run_dir / "checkpoints" / "last.ckpt"

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from normlab.schedule import constant_factor, inverse_sqrt_factor, lr_factor, peak_lr
+from normlab.lr_schedule import constant_factor, inverse_sqrt_factor, lr_factor, peak_lr
 
 
 def paper_lr(step, d_model, warmup, scale=1.0):

@@ -17,6 +17,6 @@ for seed in 1 2; do
   train ld0.5 "$seed" regularizer=layerdrop regularizer.encoder_layerdrop=0.5 regularizer.decoder_layerdrop=0.5
   train ld0.5learned "$seed" regularizer=layerdrop regularizer.encoder_layerdrop=0.5 \
     regularizer.decoder_layerdrop=0.5 regularizer.layerdrop_rates=learned
-  train dh_const "$seed" regularizer=drophead regularizer.drophead=0.2 regularizer.schedule=constant
-  train dh_vshape "$seed" regularizer=drophead regularizer.drophead=0.2 regularizer.schedule=v_shape
+  train dh_const "$seed" regularizer=drophead regularizer.drophead=0.2 callbacks.drophead_schedule.schedule=constant
+  train dh_vshape "$seed" regularizer=drophead regularizer.drophead=0.2 callbacks.drophead_schedule.schedule=v_shape
 done

@@ -17,7 +17,7 @@ import torch
 
 from normlab.checkpoint import atomic_write_bytes, load_checkpoint
 
-# Periodic checkpoints written during training (callbacks.checkpoint.every_n_steps) are named
+# Periodic checkpoints written during training (callbacks.step_checkpoints.every_n_steps) are named
 # step<N>.ckpt; best-step<N>.ckpt and last.ckpt are not part of the series.
 STEP_CKPT = re.compile(r"^step(\d+)\.ckpt$")
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -41,7 +41,7 @@ def last_checkpoints(path: str | os.PathLike, n: int) -> list[Path]:
     found = step_checkpoints(path)
     if not found:
         raise FileNotFoundError(f"no step<N>.ckpt checkpoints in {path} (training writes them when "
-                                "callbacks.checkpoint.keep_last_n and every_n_steps are set)")
+                                "callbacks.step_checkpoints.keep_last_n and every_n_steps are set)")
     return found[-n:]
 
 

@@ -3,7 +3,9 @@
 The model package is built from `ModelConfig` alone, so a checkpoint stores
 `asdict(ModelConfig)` and rebuilds the network without Hydra (nanoGPT's GPTConfig).
 Validation errors name the Hydra key (`model.d_model`, `norm.type`, ...) and the
-allowed values, so a bad override fails before any data is read.
+allowed values, so a bad override fails before any data is read. Each list of allowed values is
+imported from the module that owns the choice (the norms from model/norms.py, placements from
+model/residual.py, ...), never repeated here.
 """
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-NORM_TYPES = ("layernorm", "scalenorm", "rmsnorm")
-PLACEMENTS = ("post", "pre")
-INIT_NAMES = ("xavier", "admin")
-ADMIN_MODES = ("profile", "closed_form")
+from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
+from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
+from normlab.model.initialization import INITS
+from normlab.model.norms import NORMS
+from normlab.model.residual import PLACEMENTS
+from normlab.regularizers.layerdrop import RATES as LAYERDROP_RATES
 
 
 class ConfigError(ValueError):
@@ -49,7 +53,7 @@ class NormConfig:
     scale_init: float | None = None  # ScaleNorm g init; None -> sqrt(d) as in the paper
 
     def validate(self) -> None:
-        _choice("norm.type", self.type, NORM_TYPES)
+        _choice("norm.type", self.type, tuple(NORMS))
         _choice("norm.placement", self.placement, PLACEMENTS)
         _check(isinstance(self.fixnorm, bool), f"norm.fixnorm={self.fixnorm!r} must be true or false")
         _check(self.eps > 0, f"norm.eps={self.eps!r} must be > 0")
@@ -74,7 +78,7 @@ class RegularizerConfig:
     def validate(self) -> None:
         for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):
             _prob(f"regularizer.{key}", getattr(self, key))
-        _choice("regularizer.layerdrop_rates", self.layerdrop_rates, ("uniform", "learned"))
+        _choice("regularizer.layerdrop_rates", self.layerdrop_rates, LAYERDROP_RATES)
 
 
 @dataclass
@@ -124,7 +128,7 @@ class ModelConfig:
             _prob(f"model.{key}", getattr(self, key))
         _check(not self.share_embeddings or self.d_model == self.decoder_d_model,
                "model.share_embeddings=true needs model.d_model == model.decoder_d_model")
-        _choice("init.name", self.init, INIT_NAMES)
+        _choice("init.name", self.init, INITS)
         _check(self.init != "admin" or self.norm.placement == "post",
                "init=admin is defined for post-norm models (Liu et al. 2020); set norm.placement=post")
         self.norm.validate()
@@ -140,26 +144,20 @@ class ModelConfig:
 
 
 def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Mapping | None = None) -> ModelConfig:
-    """ModelConfig from the Hydra tree (groups model / norm / regularizer / init)."""
+    """ModelConfig from the Hydra tree: the groups model, norm and regularizer hold exactly the
+    fields of ModelConfig, NormConfig and RegularizerConfig; init.name is ModelConfig.init."""
     from omegaconf import OmegaConf
 
     def plain(node: Any) -> dict:
         return dict(OmegaConf.to_container(node, resolve=True)) if node is not None else {}
 
-    model = plain(cfg.model)
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(model) - known)
-    _check(not unknown, f"model.{unknown[0] if unknown else ''} is not a model option; "
-                        f"allowed: {', '.join(sorted(known - {'norm', 'regularizer', 'init'}))}")
-    norm, reg = plain(cfg.norm), plain(cfg.get("regularizer"))
-    for group, node, cls in (("norm", norm, NormConfig), ("regularizer", reg, RegularizerConfig)):
-        allowed = {f.name for f in dataclasses.fields(cls)}
-        for key in node:
-            _check(key in allowed or key.startswith("_") or key in ("name", "schedule", "pruning",
-                                                                    "drophead_warmup", "drophead_p_start"),
-                   f"{group}.{key} is not a {group} option; allowed: {', '.join(sorted(allowed))}")
-    norm = {k: v for k, v in norm.items() if k in {f.name for f in dataclasses.fields(NormConfig)}}
-    reg = {k: v for k, v in reg.items() if k in {f.name for f in dataclasses.fields(RegularizerConfig)}}
+    model, norm, reg = plain(cfg.model), plain(cfg.norm), plain(cfg.get("regularizer"))
+    for group, node, cls, own in (("model", model, ModelConfig, ("norm", "regularizer", "init")),
+                                  ("norm", norm, NormConfig, ()), ("regularizer", reg, RegularizerConfig, ())):
+        allowed = sorted({f.name for f in dataclasses.fields(cls)} - set(own))
+        unknown = sorted(set(node) - set(allowed))
+        _check(not unknown, f"{group}.{unknown[0] if unknown else ''} is not a {group} option; "
+                            f"allowed: {', '.join(allowed)}")
     if vocab_size is not None:
         model["vocab_size"] = vocab_size
     model.update(special or {})
@@ -170,16 +168,14 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
 def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
     model_cfg = model_config_from_hydra(cfg, vocab_size=int(cfg.data.vocab_size))
-    reg = cfg.get("regularizer") or {}
-    _choice("regularizer.schedule", reg.get("schedule") or "constant", ("constant", "v_shape"))
     o = cfg.optim
     _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
     _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")
     _check(isinstance(o.warmup, int) and o.warmup >= 0, f"optim.warmup={o.warmup!r} must be an integer >= 0")
     _check(0.0 <= o.label_smoothing < 1.0, f"optim.label_smoothing={o.label_smoothing!r} must be in [0, 1)")
     _choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
-            ("uniform", "fairseq"))
-    _choice("optim.schedule", o.get("schedule", "inverse_sqrt"), ("inverse_sqrt", "constant"))
+            LABEL_SMOOTHING_CONVENTIONS)
+    _choice("optim.schedule", o.get("schedule", "inverse_sqrt"), LR_SCHEDULES)
     _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm!r} must be >= 0")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
     _positive("data.max_tokens", cfg.data.max_tokens)

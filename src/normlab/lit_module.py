@@ -19,7 +19,7 @@ from normlab.config import ModelConfig
 from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.losses import label_smoothed_nll
 from normlab.model.transformer import Seq2SeqTransformer
-from normlab.schedule import lr_factor, peak_lr
+from normlab.lr_schedule import lr_factor, peak_lr
 
 
 def _dist() -> bool:

@@ -13,12 +13,12 @@ from typing import Any
 import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.checkpoint import AtomicCheckpointIO, write_json
 from normlab.config import validate_run_config
-from normlab.final_test import extra_test_scores, step_checkpoint_callbacks
+from normlab.callbacks import instantiate_callbacks
+from normlab.final_test import extra_test_scores
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_logger, finish_logger
 
@@ -53,27 +53,10 @@ def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
     return str(cfg.name), str(group), tags
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    ck = cfg.callbacks.checkpoint
-    monitor = ck.monitor if cfg.eval.valid_bleu or "bleu" not in ck.monitor else "valid/loss"
-    mode = ck.mode if monitor == ck.monitor else "min"
-    checkpoint = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best-step{step}",
-                                 monitor=monitor, mode=mode, save_top_k=ck.save_top_k,
-                                 save_last=ck.save_last, auto_insert_metric_name=False)
-    callbacks: list = [checkpoint, *step_checkpoint_callbacks(ck, run_dir)]  # step<N>.ckpt for averaging
-    # further callbacks: any node with a _target_ in `callbacks`, or in `init` (Admin's profiling)
-    for name, node in [*cfg.callbacks.items(), *(cfg.get("init") or {}).items()]:
-        if isinstance(node, DictConfig) and "_target_" in node:
-            callbacks.append(hydra.utils.instantiate(node))
-    from normlab.callbacks.drophead_schedule import schedule_callback
-
-    drophead = schedule_callback(cfg)  # sets DropHead's p every step; None when regularizer.drophead = 0
-    return callbacks + ([drophead] if drophead is not None else [])
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
     validate_run_config(cfg)  # fails before any data is read, naming the key
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))  # so does a bad callback setting
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     choices = hydra_choices()
@@ -92,7 +75,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     name, group, tags = describe(cfg, choices)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     logger = build_logger(cfg.logger, run_dir, cfg.project, name, group, tags, config=full_cfg | {"choices": choices})
-    callbacks = build_callbacks(cfg, run_dir)
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
                                                  plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
     results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "name": name,

@@ -1,7 +1,8 @@
 """Admin initialisation as a Lightning callback: ω is set once, before optimizer step 1.
 
-Configured by `init=admin` (conf/init/admin.yaml: `init.admin.mode=profile|closed_form`,
-`init.admin.batches`). Runs at `on_fit_start` — after the strategy has set up (DDP wrapping,
+Configured by `init=admin`: conf/init/admin.yaml holds the settings (`init.admin.mode=profile|
+closed_form`, `init.admin.batches`) and adds this callback's node (conf/callbacks/admin_init.yaml)
+to `callbacks`, whose nodes train.py instantiates. Runs at `on_fit_start` — after the strategy has set up (DDP wrapping,
 process group) and before the first batch — and is skipped when the run resumes from a
 checkpoint (ω then comes from the checkpoint: it is a parameter). Under DDP only rank 0 profiles
 (on its shard of the first batches) and broadcasts ω, so all ranks start identical.
@@ -18,15 +19,15 @@ import torch
 import torch.distributed as dist
 
 from normlab.checkpoint import write_json
-from normlab.config import ADMIN_MODES, ConfigError
-from normlab.init.admin import closed_form_omega_, omega_values, profile_omega_, stacks
+from normlab.config import ConfigError
+from normlab.init.admin import MODES, closed_form_omega_, omega_values, profile_omega_
 
 log = logging.getLogger("normlab")
 
 
 def broadcast_omega_(model: torch.nn.Module, src: int = 0) -> None:
     """Copy every ω from rank `src` to all ranks (one flat tensor, one collective)."""
-    omegas = [block.omega for _, blocks in stacks(model).values() for _, block in blocks]
+    omegas = [block.omega for _, block in model.residual_blocks()]
     flat = torch.cat([w.detach().reshape(-1) for w in omegas])
     dist.broadcast(flat, src=src)
     with torch.no_grad():
@@ -36,8 +37,8 @@ def broadcast_omega_(model: torch.nn.Module, src: int = 0) -> None:
 
 class AdminInit(L.Callback):
     def __init__(self, mode: str = "profile", batches: int = 4):
-        if mode not in ADMIN_MODES:
-            raise ConfigError(f"init.admin.mode={mode!r} is not valid; allowed values: {', '.join(ADMIN_MODES)}")
+        if mode not in MODES:
+            raise ConfigError(f"init.admin.mode={mode!r} is not valid; allowed values: {', '.join(MODES)}")
         if not isinstance(batches, int) or batches < 1:
             raise ConfigError(f"init.admin.batches={batches!r} must be a positive integer")
         self.mode, self.batches = mode, batches

@@ -4,14 +4,16 @@ Turn on with `callbacks.diagnostics.every_n_steps=k` (0 = off, the default). Eve
 steps (global steps 0, k, 2k, ...) it writes to every logger, with names that group by sub-layer
 (`diag/<stack>.<layer>.<sublayer>/<quantity>`, stack enc|dec, sublayer self_attn|cross_attn|ffn):
 - grad_norm   ‖∇‖ of the sub-layer's parameters (its F, its norm, its ω), before clipping;
-- ratio       ‖F(x)‖/‖x‖ of the residual (ResidualBlock's record_ratio hook, this step's batch);
+- ratio       ‖F(x)‖/‖x‖ of the residual on this step's batch: F's output before dropout over the
+              block's input, Frobenius norms over the batch (forward hooks that this callback
+              registers for the step and removes after it; blocks LayerDrop skipped have none);
 - g           ScaleNorm's scalar g of the block's norm (also `diag/enc.final/g`, `diag/dec.final/g`
               for pre-norm's final norms and `diag/output/g` for the FixNorm output layer);
 - omega_mean / omega_min / omega_max   Admin's ω vector;
 - `diag/output_change/encoder|decoder`: Admin's probe ‖F(x;W) − F(x;W*)‖, W* = W − δ·sign(N(0,1))
   (normlab.probes), on the first training batch of the run, parameters restored exactly.
 Cost when on: one extra forward pair for the probe and a few norms every k steps; when off, one
-integer test per batch.
+integer test per batch and no hook on the model.
 """
 from __future__ import annotations
 
@@ -19,26 +21,21 @@ import lightning as L
 import torch
 from torch import nn
 
-from normlab.init.admin import stacks
 from normlab.model.norms import ScaleNorm
 from normlab.probes import output_change
-
-
-def named_blocks(model: nn.Module):
-    return [(name, block) for _, blocks in stacks(model).values() for name, block in blocks]
 
 
 @torch.no_grad()
 def parameter_stats(model: nn.Module) -> dict[str, float]:
     out: dict[str, float] = {}
-    for name, block in named_blocks(model):
+    for name, block in model.residual_blocks():
         if isinstance(block.norm, ScaleNorm):
             out[f"diag/{name}/g"] = block.norm.g.item()
         if block.omega is not None:
             w = block.omega
             out.update({f"diag/{name}/omega_mean": w.mean().item(), f"diag/{name}/omega_min": w.min().item(),
                         f"diag/{name}/omega_max": w.max().item()})
-    for key, stack in (("enc", model.encoder), ("dec", model.decoder)):
+    for key, stack in model.stacks().items():
         if isinstance(stack.final_norm, ScaleNorm):
             out[f"diag/{key}.final/g"] = stack.final_norm.g.item()
     if getattr(model.output_projection, "g", None) is not None:
@@ -49,12 +46,39 @@ def parameter_stats(model: nn.Module) -> dict[str, float]:
 @torch.no_grad()
 def grad_norms(model: nn.Module) -> dict[str, float]:
     out = {}
-    for name, block in named_blocks(model):
+    for name, block in model.residual_blocks():
         grads = [p.grad for p in block.parameters() if p.grad is not None]
         if grads:
             out[f"diag/{name}/grad_norm"] = torch.linalg.vector_norm(
                 torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
     return out
+
+
+class RatioHooks:
+    """‖F(x)‖/‖x‖ of every residual block run while registered (forward hooks, removed by close)."""
+
+    def __init__(self, model: nn.Module):
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.ratios: dict[str, torch.Tensor] = {}
+        self.handles = []
+        for name, block in model.residual_blocks():
+            self.handles.append(block.register_forward_pre_hook(self._input(name)))
+            self.handles.append(block.sublayer.register_forward_hook(self._output(name)))
+
+    def _input(self, name: str):
+        def hook(module, args):
+            self.inputs[name] = module.stream(args[0]).detach().norm()
+        return hook
+
+    def _output(self, name: str):
+        def hook(module, args, out):
+            self.ratios[name] = out.detach().norm() / self.inputs[name].clamp(min=1e-12)
+        return hook
+
+    def close(self) -> dict[str, float]:
+        for h in self.handles:
+            h.remove()
+        return {name: r.item() for name, r in self.ratios.items()}
 
 
 class Diagnostics(L.Callback):
@@ -64,14 +88,15 @@ class Diagnostics(L.Callback):
         self.every, self.delta, self.seed = every_n_steps, probe_delta, probe_seed
         self.probe_batch: dict | None = None
         self.metrics: dict[str, float] = {}
-        self._on, self._step = False, 0
+        self._hooks: RatioHooks | None = None
+        self._step = 0
 
     def _due(self, trainer) -> bool:
         return self.every > 0 and trainer.global_step % self.every == 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._on, self._step = self._due(trainer), trainer.global_step
-        if not self._on:
+        self._step = trainer.global_step
+        if not self._due(trainer):
             return
         if self.probe_batch is None:  # a fixed batch for the probe: the run's first
             self.probe_batch = {k: batch[k].detach().clone() for k in ("src", "tgt_in")}
@@ -80,23 +105,17 @@ class Diagnostics(L.Callback):
         self.metrics = parameter_stats(model)
         change = output_change(model, self.probe_batch["src"], self.probe_batch["tgt_in"], self.delta, self.seed)
         self.metrics.update({f"diag/output_change/{k}": v for k, v in change.items()})
-        for _, block in named_blocks(model):
-            block.record_ratio = True
+        self._hooks = RatioHooks(model)  # after the probe: only this batch's training forward counts
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self._on:
+        if self._hooks is not None:
             self.metrics.update(grad_norms(pl_module.model))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._on:
+        if self._hooks is None:
             return
-        self._on = False
-        model = pl_module.model
-        for name, block in named_blocks(model):
-            block.record_ratio = False
-            if block.last_ratio is not None:
-                self.metrics[f"diag/{name}/ratio"] = block.last_ratio.item()
-                block.last_ratio = None
+        ratios, self._hooks = self._hooks.close(), None
+        self.metrics.update({f"diag/{name}/ratio": r for name, r in ratios.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(self.metrics, step=self._step)

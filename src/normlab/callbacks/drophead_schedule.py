@@ -1,9 +1,14 @@
 """Sets the DropHead rate p before every training batch and logs it (`regularizer/drophead_p`).
 
+The node `callbacks.drophead_schedule` (conf/callbacks/drophead_schedule.yaml) is always composed;
+with `regularizer.drophead = 0` the model has no DropHead module and this callback does nothing.
+Its keys: `schedule` (a name from regularizers/rate_schedules.py: constant | v_shape), `warmup`
+(the V's falling leg; null -> optim.warmup) and `p_start` (null -> p).
+
 p is a pure function of `trainer.global_step` (optimizer steps done; the schedule's step is that
-+ 1, see regularizers/schedules.py), so a run resumed from a checkpoint, whose global_step Lightning
-restores before the first batch, continues the schedule where it stopped: the callback keeps no
-state of its own (its state_dict records the last value for inspection only).
++ 1, see regularizers/rate_schedules.py), so a run resumed from a checkpoint, whose global_step
+Lightning restores before the first batch, continues the schedule where it stopped: the callback
+keeps no state of its own (its state_dict records the last value for inspection only).
 """
 from __future__ import annotations
 
@@ -11,15 +16,18 @@ from typing import Any
 
 import lightning as L
 
+from normlab.config import ConfigError
 from normlab.regularizers.drophead import set_drophead_p
-from normlab.regularizers.schedules import SCHEDULES, schedule_value
+from normlab.regularizers.rate_schedules import SCHEDULES, schedule_value
+
+KEY = "callbacks.drophead_schedule"
 
 
 class DropHeadSchedule(L.Callback):
-    def __init__(self, p: float, schedule: str = "constant", warmup: int | None = None,
+    def __init__(self, p: float, schedule: str = "v_shape", warmup: int | None = None,
                  total: int | None = None, p_start: float | None = None):
         if schedule not in SCHEDULES:
-            raise ValueError(f"regularizer.schedule={schedule!r} is not valid; allowed values: {', '.join(SCHEDULES)}")
+            raise ConfigError(f"{KEY}.schedule={schedule!r} is not valid; allowed values: {', '.join(SCHEDULES)}")
         self.p, self.schedule, self.warmup, self.total, self.p_start = p, schedule, warmup, total, p_start
         self.last_p: float | None = None
 
@@ -33,6 +41,8 @@ class DropHeadSchedule(L.Callback):
         return warmup, total
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self.p:
+            return  # no DropHead in the model
         warmup, total = self._resolved(trainer, pl_module)
         p = self.value(trainer.global_step, warmup, total)
         set_drophead_p(pl_module, p)
@@ -44,12 +54,3 @@ class DropHeadSchedule(L.Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.last_p = state.get("last_p")
-
-
-def schedule_callback(cfg) -> DropHeadSchedule | None:
-    """The callback for a Hydra run config, or None when regularizer.drophead is 0."""
-    reg = cfg.get("regularizer")
-    if reg is None or not reg.get("drophead", 0.0):
-        return None
-    return DropHeadSchedule(p=float(reg.drophead), schedule=reg.get("schedule") or "constant",
-                            warmup=reg.get("drophead_warmup"), p_start=reg.get("drophead_p_start"))

@@ -5,7 +5,7 @@
     python -m normlab.commands.average a.ckpt b.ckpt c.ckpt --output avg.ckpt
 
 --last N takes the N latest step<N>.ckpt files of a run (by step; training writes them every
-callbacks.checkpoint.every_n_steps and keeps callbacks.checkpoint.keep_last_n). Checkpoints of
+callbacks.step_checkpoints.every_n_steps and keeps callbacks.step_checkpoints.keep_last_n). Checkpoints of
 different architectures (model_config, parameter names or shapes, tokenizer) are refused. The
 output loads with normlab.checkpoint.load_model and the translate / evaluate commands; an
 existing output is only replaced with --force.

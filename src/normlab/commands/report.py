@@ -2,7 +2,7 @@
 
     python -m normlab.commands.report multirun/<date>/<time> --rows arm --cols model.encoder_layers
     python -m normlab.commands.report DIR1 DIR2 --rows norm,norm.placement --cols optim.warmup --metric test_bleu_avg
-    python -m normlab.commands.report DIR --rows regularizer.schedule --cols regularizer.drophead --expect-seeds 3
+    python -m normlab.commands.report DIR --rows callbacks.drophead_schedule.schedule --cols regularizer.drophead --expect-seeds 3
 
 Every run folder below the given folders is read: results.json (status, metrics), and Hydra's
 .hydra/config.yaml, hydra.yaml (choices) and overrides.yaml. A job folder (.hydra/ present) without
@@ -38,8 +38,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from normlab.commands import report_plots
 from normlab.commands.common import CommandError, main_guard
-from normlab.commands.report_runs import Run, find_runs, wandb_runs
+from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
+                                          label, wandb_runs)
 
 NOT_SETTINGS = ("seed", "data.seed", "name", "group", "tags", "run_dir", "resume", "project")  # differ by design
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file")
@@ -53,20 +55,6 @@ def _sort_key(v: Any):
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return (0, float(v), "")
     return (1, 0, str(v))
-
-
-def _fmt_value(v: Any) -> str:
-    if v is None:
-        return "—"
-    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-
-
-def key_of(run: Run, keys: list[str]) -> tuple:
-    return tuple(_hashable(run.get(k)) for k in keys)
-
-
-def _hashable(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
 
 
 def _fmt_num(x: float, digits: int | None) -> str:
@@ -120,10 +108,6 @@ def build_table(runs: list[Run], rows: list[str], cols: list[str], metric: str, 
             cells[(rv, cv)] = cell_stats(members, metric, expect_seeds, digits)
     return {"rows": rows, "cols": cols, "metric": metric, "row_values": row_vals, "col_values": col_vals,
             "cells": cells}
-
-
-def label(values: tuple) -> str:
-    return ", ".join(_fmt_value(v) for v in values)
 
 
 def markdown_table(table: dict) -> str:
@@ -325,8 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plots(out: Path, table: dict, runs: list[Run], prune: dict) -> list[str]:
-    from normlab.commands import report_plots
-
     return report_plots.all_plots(out, table, runs, prune)
 
 

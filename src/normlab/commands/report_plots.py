@@ -7,8 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from normlab.commands.report import key_of, label
-from normlab.commands.report_runs import Run
+from normlab.commands.report_runs import Run, key_of, label
 
 
 def _plt():

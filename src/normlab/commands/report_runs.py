@@ -36,6 +36,25 @@ class Run:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def key_of(run: Run, keys: list[str]) -> tuple:
+    """The run's values of `keys` (a table row or column)."""
+    return tuple(hashable(run.get(k)) for k in keys)
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "—"
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def label(values: tuple) -> str:
+    return ", ".join(fmt_value(v) for v in values)
+
+
 def _flat(node: Any, cfg, prefix: str = "") -> dict:
     out = {}
     for k, v in node.items():

@@ -35,7 +35,8 @@ from torch import nn
 
 from normlab.model.attention import MultiheadAttention
 from normlab.model.norms import RMSNorm, ScaleNorm
-from normlab.model.residual import ResidualBlock
+
+MODES = ("profile", "closed_form")  # init.admin.mode
 
 
 def closed_form_omega(n_sublayers: int) -> float:
@@ -45,22 +46,10 @@ def closed_form_omega(n_sublayers: int) -> float:
     return math.sqrt(n1 / math.log(n1) - 1.0)
 
 
-def stacks(model: nn.Module) -> dict[str, tuple[nn.Module, list[tuple[str, ResidualBlock]]]]:
-    """{'enc': (encoder, [(name, block), ...]), 'dec': ...} in forward order, names like enc.3.ffn."""
-    out = {}
-    for key, stack in (("enc", model.encoder), ("dec", model.decoder)):
-        # by index, not by iterating: LayerDrop's list skips layers (and draws) when iterated in training
-        blocks = [(f"{key}.{i}.{name}", child) for i in range(len(stack.layers))
-                  for name, child in stack.layers[i].named_children() if isinstance(child, ResidualBlock)]
-        out[key] = (stack, blocks)
-    return out
-
-
 def _check_admin(model: nn.Module) -> None:
-    for _, blocks in stacks(model).values():
-        for name, block in blocks:
-            if block.omega is None:
-                raise ValueError(f"{name} has no omega: build the model with init=admin (post-norm)")
+    for name, block in model.residual_blocks():
+        if block.omega is None:
+            raise ValueError(f"{name} has no omega: build the model with init=admin (post-norm)")
 
 
 def _concat(batches: Iterable[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,9 +99,9 @@ def profile_omega_(model: nn.Module, batches: Iterable[dict], pad_id: int) -> di
             report[key][name]["var_f"] = v
         return hook
 
-    for key, (stack, blocks) in stacks(model).items():
+    for key, stack in model.stacks().items():
         handles.append(stack.embed.register_forward_hook(on_input(key)))
-        for k, (name, block) in enumerate(blocks):
+        for k, (name, block) in enumerate(stack.residual_blocks(key)):
             handles.append(block.register_forward_pre_hook(before_block(key, name, k == 0)))
             handles.append(block.sublayer.register_forward_hook(after_sublayer(key, name)))
     was_training = model.training
@@ -130,7 +119,8 @@ def profile_omega_(model: nn.Module, batches: Iterable[dict], pad_id: int) -> di
 def closed_form_omega_(model: nn.Module) -> dict:
     _check_admin(model)
     report: dict = {}
-    for key, (_, blocks) in stacks(model).items():
+    for key, stack in model.stacks().items():
+        blocks = stack.residual_blocks(key)
         w = closed_form_omega(len(blocks))
         report[key] = {"n_sublayers": len(blocks)}
         for name, block in blocks:
@@ -140,8 +130,8 @@ def closed_form_omega_(model: nn.Module) -> dict:
 
 
 def omega_values(model: nn.Module) -> dict[str, list[float]]:
-    return {name: block.omega.detach().cpu().tolist()
-            for _, blocks in stacks(model).values() for name, block in blocks if block.omega is not None}
+    return {name: block.omega.detach().cpu().tolist() for name, block in model.residual_blocks()
+            if block.omega is not None}
 
 
 # ---- export to a plain post-norm model -------------------------------------------------------
@@ -203,7 +193,8 @@ def export_post_norm(model: nn.Module, rtol: float = 1e-6, allow_inexact: bool =
     _check_admin(model)
     work = copy.deepcopy(model).cpu().float()
     inexact: dict[str, str] = {}
-    for _, blocks in stacks(work).values():
+    for key, stack in work.stacks().items():
+        blocks = stack.residual_blocks(key)
         for k, (name, block) in enumerate(blocks):
             omega = block.omega.detach()
             if omega.abs().min().item() < 1e-12:

@@ -1,8 +1,6 @@
-"""The Transformer model: built from a ModelConfig alone; imports neither Lightning nor Hydra."""
-from normlab.model.attention import IncrementalCache, MultiheadAttention
-from normlab.model.norms import NORMS, build_norm
-from normlab.model.residual import ResidualBlock
-from normlab.model.transformer import Seq2SeqTransformer
+"""The Transformer model, built from a ModelConfig alone; imports neither Lightning nor Hydra.
 
-__all__ = ["IncrementalCache", "MultiheadAttention", "NORMS", "build_norm", "ResidualBlock",
-           "Seq2SeqTransformer"]
+Nothing is imported here eagerly: `normlab.config` imports the choice lists of the modules below
+(NORMS from norms.py, PLACEMENTS from residual.py, ...), so importing a submodule must not
+import config.py back through this package.
+"""

@@ -1,21 +1,24 @@
-"""Multi-head attention over `F.scaled_dot_product_attention`, with a KV cache and a head-mask hook.
+"""Multi-head attention over `F.scaled_dot_product_attention`, with a KV cache and injected modules.
 
 Attention(Q, K, V) = softmax(QKᵀ/√d_k) V (Vaswani et al. 2017, 3.2.1); SDPA computes exactly
 that with its default scale 1/√d_k and picks a fused kernel, so there is no slow path in training.
 Projections are separate q/k/v/out `nn.Linear`s with bias so `torch.nn.MultiheadAttention`
 weights copy in (its in_proj_weight rows are [q; k; v]); kdim/vdim let the decoder attend to an
 encoder of another width.
+Optional behaviour is injected as modules that default to nn.Identity (torchtune's pattern):
+`drophead` acts on the per-head outputs (B, H, T, Dh) (Scheduled DropHead, Zhou et al. 2020:
+normlab.regularizers.drophead), `inner_norm` on the merged heads (B, T, D) before the output
+projection (Sub-LN, Wang et al. 2022).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# kind of each attention module, so the DropHead regularizer can pick which ones to mask
-# (RegularizerConfig.drophead_encoder_self / drophead_decoder_self / drophead_cross).
+# kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
+# drophead_encoder_self / drophead_decoder_self / drophead_cross), Admin's export needs to know
+# which projections read the residual stream (a cross-attention's keys and values read memory).
 KINDS = ("encoder_self", "decoder_self", "cross")
 
 
@@ -38,7 +41,8 @@ class IncrementalCache:
 
 class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                 kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self"):
+                 kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self",
+                 drophead: nn.Module | None = None, inner_norm: nn.Module | None = None):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -51,29 +55,26 @@ class MultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
         self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        # Scheduled DropHead (Zhou et al. 2020): the schedule callback sets `drophead_p`; the
-        # regularizer installs `head_mask_fn(module, batch_size) -> (B, H)` mask (already rescaled).
-        # It is called only in training with p > 0; an explicit `head_mask` argument wins.
-        self.drophead_p = 0.0
-        self.head_mask_fn: Callable[[nn.Module, int], torch.Tensor] | None = None
+        self.drophead = drophead if drophead is not None else nn.Identity()
+        self.inner_norm = inner_norm if inner_norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 cache: IncrementalCache | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
         # x: (B, T, D) queries; memory: (B, S, kdim) for cross-attention, None for self-attention.
-        # key_padding_mask: (B, S) bool, True = pad (ignored).
+        # key_padding_mask: (B, S) bool, True = pad (ignored). head_mask: (B, H), multiplies each
+        # head's output (e.g. to measure head importance); training-time DropHead is `drophead`.
         B, T, _ = x.shape
         q = self._split(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self._keys_values(x, memory, cache)  # (B, H, S, Dh) each
         attn_mask, is_causal = _attention_mask(key_padding_mask, causal, T, k.size(2), x.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                              dropout_p=self.dropout if self.training else 0.0)
-        if head_mask is None and self.head_mask_fn is not None and self.training and self.drophead_p > 0:
-            head_mask = self.head_mask_fn(self, B)
+        out = self.drophead(out)  # (B, H, T, Dh)
         if head_mask is not None:
             out = out * head_mask.to(out.dtype)[:, :, None, None]  # (B, H, 1, 1) x (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.embed_dim)  # (B, T, D)
-        return self.out_proj(out)
+        return self.out_proj(self.inner_norm(out))
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape

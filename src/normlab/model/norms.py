@@ -10,8 +10,6 @@ import math
 import torch
 from torch import nn
 
-from normlab.config import NormConfig
-
 
 class ScaleNorm(nn.Module):
     # Nguyen & Salazar 2019: ScaleNorm(x; g) = g · x / max(‖x‖₂, ε) with ONE learned scalar g per
@@ -52,7 +50,8 @@ NORMS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_norm(cfg: NormConfig, d: int) -> nn.Module:
+def build_norm(cfg, d: int) -> nn.Module:
+    # cfg: a NormConfig (normlab.config), which imports NORMS from here for its choice list.
     if cfg.type == "scalenorm":
         return ScaleNorm(d, eps=cfg.eps, scale_init=cfg.scale_init)
     return NORMS[cfg.type](d, eps=cfg.eps)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from normlab.config import NormConfig
 from normlab.model.norms import build_norm
+
+PLACEMENTS = ("post", "pre")
 
 
 class ResidualBlock(nn.Module):
@@ -20,8 +21,8 @@ class ResidualBlock(nn.Module):
     def __init__(self, sublayer: nn.Module, norm: nn.Module, d: int, placement: str, dropout: float,
                  omega: bool = False):
         super().__init__()
-        if placement not in ("pre", "post"):
-            raise ValueError(f"placement={placement!r}; allowed values: pre, post")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r}; allowed values: {', '.join(PLACEMENTS)}")
         if omega and placement != "post":
             raise ValueError("Admin's omega is defined for post-norm residuals (Liu et al. 2020)")
         self.sublayer = sublayer
@@ -29,30 +30,23 @@ class ResidualBlock(nn.Module):
         self.placement = placement
         self.dropout = nn.Dropout(dropout)
         self.omega = nn.Parameter(torch.ones(d)) if omega else None
-        # Diagnostics hook: set `record_ratio = True` and read `last_ratio` = ‖F(x)‖/‖x‖ (Frobenius
-        # over the batch, before dropout, detached). Off by default: one attribute check per call.
-        self.record_ratio = False
-        self.last_ratio: torch.Tensor | None = None
+
+    def stream(self, x: torch.Tensor) -> torch.Tensor:
+        # The residual stream in the block's input (what diagnostics call x in ‖F(x)‖/‖x‖).
+        return x
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if self.placement == "pre":
-            out = self.sublayer(self.norm(x), *args, **kwargs)
-            self._record(out, x)
-            return x + self.dropout(out)
+            return x + self.dropout(self.sublayer(self.norm(x), *args, **kwargs))
         out = self.sublayer(x, *args, **kwargs)
-        self._record(out, x)
         skip = x if self.omega is None else x * self.omega
         return self.norm(skip + self.dropout(out))
-
-    def _record(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        if self.record_ratio:
-            self.last_ratio = (out.detach().norm() / x.detach().norm().clamp(min=1e-12))
 
     def extra_repr(self) -> str:
         return f"placement={self.placement}, omega={self.omega is not None}"
 
 
-def final_norm(cfg: NormConfig, d: int) -> nn.Module:
+def final_norm(cfg, d: int) -> nn.Module:
     # Pre-norm leaves the residual stream un-normalised, so each stack ends with one more N
     # (Wang et al. 2019; Nguyen & Salazar 2019). Post-norm's last sub-layer already normalised.
     return build_norm(cfg, d) if cfg.placement == "pre" else nn.Identity()

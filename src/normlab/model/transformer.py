@@ -12,28 +12,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.config import ModelConfig
-from normlab.init.xavier import xavier_init_
+from typing import TYPE_CHECKING
+
 from normlab.model.attention import IncrementalCache, MultiheadAttention
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
+from normlab.model.initialization import xavier_init_
 from normlab.model.norms import build_norm
 from normlab.model.residual import ResidualBlock, final_norm
-from normlab.regularizers.drophead import enabled_kinds, install_drophead
+from normlab.regularizers.drophead import DropHead
 from normlab.regularizers.layerdrop import layer_list
+
+if TYPE_CHECKING:  # config.py imports its choice lists from the model package
+    from normlab.config import ModelConfig
 
 
 class FeedForward(nn.Module):
     # FFN(x) = max(0, xW1 + b1)W2 + b2 (Vaswani et al. 3.3); dropout on the hidden ReLU output is
     # fairseq's activation_dropout (the authors of Transformers without Tears use it too).
-    def __init__(self, d: int, ffn: int, activation_dropout: float):
+    # `inner_norm` (Sub-LN, Wang et al. 2022) acts on the hidden layer before fc2; identity otherwise.
+    def __init__(self, d: int, ffn: int, activation_dropout: float, inner_norm: nn.Module | None = None):
         super().__init__()
         self.fc1 = nn.Linear(d, ffn)
         self.fc2 = nn.Linear(ffn, d)
         self.dropout = nn.Dropout(activation_dropout)
+        self.inner_norm = inner_norm if inner_norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.inner_norm(self.dropout(F.relu(self.fc1(x)))))
 
 
 def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int) -> ResidualBlock:
@@ -42,11 +48,19 @@ def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int) -> ResidualBlock:
                          omega=cfg.init == "admin")
 
 
+def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int | None = None) -> MultiheadAttention:
+    # Scheduled DropHead (Zhou et al. 2020) on the attention kinds switched on; its rate is set
+    # every step by the schedule callback. p = 0: no module at all (nn.Identity).
+    reg = cfg.regularizer
+    drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
+    return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
+                              drophead=drophead)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int):
         super().__init__()
-        attn = MultiheadAttention(d, heads, cfg.attention_dropout, kind="encoder_self")
-        self.self_attn = _residual(cfg, attn, d)
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d)
         self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
 
     def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
@@ -57,12 +71,9 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int):
         super().__init__()
-        self_attn = MultiheadAttention(d, heads, cfg.attention_dropout, kind="decoder_self")
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d)
         # Queries come from the decoder, keys and values from the encoder output (Vaswani 3.2.3).
-        cross = MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim,
-                                   kind="cross")
-        self.self_attn = _residual(cfg, self_attn, d)
-        self.cross_attn = _residual(cfg, cross, d)
+        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d)
         self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
@@ -77,7 +88,15 @@ def _positions(cfg: ModelConfig, d: int) -> nn.Module:
     return cls(cfg.max_positions, d)
 
 
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+    def residual_blocks(self, prefix: str) -> list[tuple[str, ResidualBlock]]:
+        """[(name, block)] in forward order, names like enc.3.ffn. By index, not by iterating the
+        layers: LayerDrop's list skips layers (and draws) when iterated in training."""
+        return [(f"{prefix}.{i}.{name}", child) for i in range(len(self.layers))
+                for name, child in self.layers[i].named_children() if isinstance(child, ResidualBlock)]
+
+
+class Encoder(_Stack):
     def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
         super().__init__()
         d = cfg.d_model
@@ -97,7 +116,7 @@ class Encoder(nn.Module):
         return self.final_norm(x), src_pad_mask
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
         super().__init__()
         d = cfg.decoder_d_model
@@ -134,14 +153,20 @@ class Seq2SeqTransformer(nn.Module):
         tied = dec_tokens if cfg.tie_output_embeddings else None
         self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm)
         xavier_init_(self)
-        # Scheduled DropHead (Zhou et al. 2020): the hook on the chosen attention kinds; the
-        # schedule callback changes p during training. Never called while p = 0.
-        if cfg.regularizer.drophead > 0:
-            install_drophead(self, cfg.regularizer.drophead, enabled_kinds(cfg.regularizer))
 
     @classmethod
     def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":
+        from normlab.config import ModelConfig
+
         return cls(ModelConfig.from_dict(d))
+
+    # ---- structure: how other code (Admin, diagnostics, probes) learns the model's blocks ------
+    def stacks(self) -> dict[str, _Stack]:
+        return {"enc": self.encoder, "dec": self.decoder}
+
+    def residual_blocks(self) -> list[tuple[str, ResidualBlock]]:
+        """Every residual block, encoder then decoder, in forward order; consumes no LayerDrop draw."""
+        return [nb for key, stack in self.stacks().items() for nb in stack.residual_blocks(key)]
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         memory, src_pad_mask = self.encode(src)

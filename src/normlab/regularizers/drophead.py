@@ -8,22 +8,19 @@ A row whose draw keeps no head keeps one head chosen uniformly (scaled to H), so
 all-zero and the rescale never divides by zero, p = 1 included; this keeps the heads symmetric,
 hence the expectation above still holds exactly.
 
+The regularizer is a module, `DropHead`, that the model injects into each attention module of
+the chosen kinds (RegularizerConfig.drophead_{encoder_self,decoder_self,cross}); the others get
+nn.Identity. Its rate `p` is a plain attribute that the schedule callback
+(normlab.callbacks.drophead_schedule) sets before every batch.
+
 Randomness comes from torch's global RNG (or a given generator), like dropout: masks are per
-example, so DDP ranks need not agree on them. With p = 0 the hook is never called (attention.py
-checks `drophead_p > 0`), so no randomness is consumed and outputs equal the model without it.
+example, so DDP ranks need not agree on them. In eval mode, or with p = 0, the module returns its
+input untouched and draws nothing, so outputs equal the model without it.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-# Attention modules are recognised by their DropHead hook attribute, not imported: the model
-# package imports this module (normlab.model.attention would import it back).
-KINDS = ("encoder_self", "decoder_self", "cross")  # = normlab.model.attention.KINDS
-
-
-def _attentions(model: nn.Module):
-    return [m for m in model.modules() if hasattr(m, "head_mask_fn") and hasattr(m, "kind")]
 
 
 def drophead_mask(batch_size: int, num_heads: int, p: float, generator: torch.Generator | None = None,
@@ -39,30 +36,25 @@ def drophead_mask(batch_size: int, num_heads: int, p: float, generator: torch.Ge
     return keep * (num_heads / keep.sum(dim=1, keepdim=True))  # rows sum to H
 
 
-def _mask_fn(module: nn.Module, batch_size: int) -> torch.Tensor:
-    return drophead_mask(batch_size, module.num_heads, module.drophead_p, device=module.q_proj.weight.device)
+class DropHead(nn.Module):
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = float(p)
 
+    def forward(self, heads: torch.Tensor) -> torch.Tensor:
+        # heads: (B, H, T, Dh), each head's attention output before the heads are merged.
+        if not self.training or self.p <= 0.0:
+            return heads
+        mask = drophead_mask(heads.size(0), heads.size(1), self.p, device=heads.device)  # (B, H)
+        return heads * mask.to(heads.dtype)[:, :, None, None]
 
-def enabled_kinds(reg) -> tuple[str, ...]:
-    """Attention kinds that DropHead applies to, from RegularizerConfig's three switches."""
-    return tuple(k for k in KINDS if getattr(reg, f"drophead_{k}"))
-
-
-def install_drophead(model: nn.Module, p: float, kinds: tuple[str, ...] = KINDS) -> list[nn.Module]:
-    """Give every attention module of the chosen kinds the head-mask hook and rate p; returns them.
-    Rate changes later go through `set_drophead_p` (the schedule callback)."""
-    modules = [m for m in _attentions(model) if m.kind in kinds]
-    for m in modules:
-        m.head_mask_fn = _mask_fn
-        m.drophead_p = float(p)
-    return modules
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def set_drophead_p(model: nn.Module, p: float) -> int:
-    """Set the rate of every attention module that has the DropHead hook; returns how many."""
-    n = 0
-    for m in _attentions(model):
-        if m.head_mask_fn is not None:
-            m.drophead_p = float(p)
-            n += 1
-    return n
+    """Set the rate of every DropHead module of the model; returns how many there are."""
+    modules = [m for m in model.modules() if isinstance(m, DropHead)]
+    for m in modules:
+        m.p = float(p)
+    return len(modules)

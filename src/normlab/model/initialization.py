@@ -8,11 +8,17 @@
   coordinate.
 Norm parameters (LayerNorm/RMSNorm weight 1, bias 0; ScaleNorm g = √d), Admin's ω (ones) and the
 FixNorm output g are left at their constructors' values.
+Lives in the model package because the model initialises itself on construction; Admin's data-
+dependent ω (normlab.init.admin) works on a built model and imports the model, not the reverse.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+# ModelConfig.init: xavier, or admin (Liu et al. 2020: every post-norm residual gets a trainable ω,
+# set before step 1 by normlab.callbacks.admin_init from normlab.init.admin's profiling).
+INITS = ("xavier", "admin")
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
 """Schedules for a regularizer's rate p as a function of the training step (a named choice).
 
-Steps count from 1 like the learning-rate schedule (schedule.py: the paper's step = optimizer
+Steps count from 1 like the learning-rate schedule (lr_schedule.py: the paper's step = optimizer
 steps done + 1), so with `warmup` equal to the LR warmup the V's bottom (p = 0) falls on the same
 step as the LR peak, as Zhou et al. 2020 do.
 
@@ -33,6 +33,6 @@ def schedule_value(name: str, step: int, p: float, total: int | None = None, war
         return constant(step, p)
     if name == "v_shape":
         if total is None or total <= 0:
-            raise ValueError("the v_shape schedule needs the last step (trainer.max_steps > 0)")
+            raise ValueError("the v_shape DropHead schedule needs the last step (trainer.max_steps > 0)")
         return v_shape(step, p, total, warmup, p_start)
-    raise ValueError(f"regularizer.schedule={name!r} is not valid; allowed values: {', '.join(SCHEDULES)}")
+    raise ValueError(f"schedule {name!r} is not valid; allowed values: {', '.join(SCHEDULES)}")

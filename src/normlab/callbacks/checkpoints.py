@@ -1,0 +1,42 @@
+"""The run's checkpoint callbacks, as `_target_` nodes (conf/callbacks/checkpoint.yaml and
+step_checkpoints.yaml): Lightning's ModelCheckpoint writing into `<run dir>/checkpoints/`.
+
+The run folder comes from the Trainer (`default_root_dir`, which train.run sets to the run
+folder) when the node gives no `dirpath`, so the nodes need no path interpolation.
+Writes are atomic through the Trainer's AtomicCheckpointIO plugin (normlab.checkpoint).
+"""
+from __future__ import annotations
+
+import os
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class RunCheckpoint(ModelCheckpoint):
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+        super().setup(trainer, pl_module, stage)
+
+
+class BestCheckpoint(RunCheckpoint):
+    """last.ckpt and best-step<N>.ckpt by `monitor`. With validation BLEU off (`eval.valid_bleu:
+    false`) a BLEU monitor is never logged: the best is then the lowest `valid/loss`."""
+
+    def __init__(self, monitor: str = "valid/bleu", mode: str = "max", valid_bleu: bool = True,
+                 filename: str = "best-step{step}", **kwargs):
+        if not valid_bleu and "bleu" in monitor:
+            monitor, mode = "valid/loss", "min"
+        super().__init__(monitor=monitor, mode=mode, filename=filename, auto_insert_metric_name=False, **kwargs)
+
+
+class StepCheckpoint(RunCheckpoint):
+    """Weights-only step<N>.ckpt every `every_n_steps` optimizer steps, the last `keep_last_n` kept:
+    the series that checkpoint averaging reads (normlab.averaging). 0 in either disables it."""
+
+    def __init__(self, keep_last_n: int = 5, every_n_steps: int = 100, **kwargs):
+        self.keep_last_n, self.every_n_steps = int(keep_last_n or 0), int(every_n_steps or 0)
+        on = self.keep_last_n > 0 and self.every_n_steps > 0
+        super().__init__(filename="step{step}", monitor="step", mode="max", save_top_k=self.keep_last_n if on else 0,
+                         every_n_train_steps=self.every_n_steps if on else 0, save_weights_only=True,
+                         save_last=False, auto_insert_metric_name=False, **kwargs)

@@ -1,0 +1,45 @@
+"""Every callback is a `_target_` node under `callbacks`, composed by Hydra defaults."""
+import pytest
+from lightning.pytorch.callbacks import LearningRateMonitor
+
+from normlab.callbacks import instantiate_callbacks
+from normlab.callbacks.checkpoints import BestCheckpoint, StepCheckpoint
+from normlab.config import ConfigError
+
+from conftest import compose_cfg
+
+
+def names(cfg):
+    return [type(c).__name__ for c in instantiate_callbacks(cfg.callbacks)]
+
+
+def test_default_callbacks_in_config_order_and_admin_adds_its_own():
+    assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "Diagnostics",
+                                      "DropHeadSchedule"]
+    admin = compose_cfg(["norm=postnorm", "init=admin", "init.admin.batches=2"])
+    assert names(admin).count("AdminInit") == 1
+    assert instantiate_callbacks(admin.callbacks)[0].batches == 2  # init.admin.* reach the callback
+
+
+def test_any_node_with_a_target_is_instantiated_and_nodes_can_be_removed():
+    cfg = compose_cfg(["+callbacks.lr_monitor._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+                       "~callbacks.diagnostics"])
+    built = instantiate_callbacks(cfg.callbacks)
+    assert any(isinstance(c, LearningRateMonitor) for c in built)
+    assert "Diagnostics" not in [type(c).__name__ for c in built]
+
+
+def test_checkpoint_nodes():
+    best = instantiate_callbacks(compose_cfg([]).callbacks)[0]
+    assert isinstance(best, BestCheckpoint) and (best.monitor, best.mode) == ("valid/bleu", "max")
+    no_bleu = instantiate_callbacks(compose_cfg(["eval.valid_bleu=false"]).callbacks)[0]
+    assert (no_bleu.monitor, no_bleu.mode) == ("valid/loss", "min")  # BLEU is never logged then
+    steps = StepCheckpoint(keep_last_n=3, every_n_steps=10)
+    assert (steps.save_top_k, steps._every_n_train_steps, steps.save_weights_only) == (3, 10, True)
+    off = StepCheckpoint(keep_last_n=0, every_n_steps=10)
+    assert (off.save_top_k, off._every_n_train_steps) == (0, 0)
+
+
+def test_a_bad_callback_value_is_a_config_error_naming_its_key():
+    with pytest.raises(ConfigError, match=r"callbacks\.drophead_schedule\.schedule='zigzag'.*constant, v_shape"):
+        instantiate_callbacks(compose_cfg(["callbacks.drophead_schedule.schedule=zigzag"]).callbacks)

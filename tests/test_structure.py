@@ -1,0 +1,70 @@
+"""The package's structure: arrows run one way (design.md), choice lists have one owner."""
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in (SRC / "normlab").rglob("*.py"):
+        name = ".".join(p.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_module_level_imports_have_no_cycle():
+    mods = _modules()
+    graph = {m: {i for i in _imports(p, True) if i in mods and i != m} for m, p in mods.items()}
+    done, path = set(), []
+
+    def visit(m):
+        if m in path:
+            pytest.fail("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        path.append(m)
+        for n in sorted(graph[m]):
+            visit(n)
+        path.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_model_package_imports_nothing_upstream():
+    # The model is built from its dataclass alone: it may use norms, attention, regularizers, but
+    # not init/ (Admin works on a built model), callbacks, commands, training, Lightning or Hydra.
+    upstream = ("normlab.init", "normlab.callbacks", "normlab.commands", "normlab.train", "normlab.lit_module",
+                "lightning", "pytorch_lightning", "hydra", "omegaconf")
+    for path in (SRC / "normlab" / "model").glob("*.py"):
+        bad = sorted(i for i in _imports(path, top_level_only=False) if i.startswith(upstream))
+        assert not bad, f"{path.name} imports {bad}"
+
+
+def test_choice_lists_are_the_owners():
+    from normlab import config, losses, lr_schedule
+    from normlab.config import ConfigError, NormConfig
+    from normlab.model import initialization, norms, residual
+    from normlab.regularizers import layerdrop
+
+    assert config.PLACEMENTS is residual.PLACEMENTS and config.INITS is initialization.INITS
+    assert config.LAYERDROP_RATES is layerdrop.RATES and config.LR_SCHEDULES is lr_schedule.SCHEDULES
+    assert config.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
+    with pytest.raises(ConfigError, match="allowed values: " + ", ".join(norms.NORMS)):
+        NormConfig(type="batchnorm").validate()
