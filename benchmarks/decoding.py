@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def load(args):
     from normlab.checkpoint import load_model
     from normlab.config import ModelConfig
-    from normlab.data.tokenizer import Tokenizer
+    from normlab.data.datamodule import TranslationDataModule
     from normlab.model.transformer import Seq2SeqTransformer
     from omegaconf import OmegaConf
 
@@ -36,8 +36,10 @@ def load(args):
         model, tok = load_model(args.checkpoint)
         return model, tok, f"trained checkpoint {args.checkpoint}"
     data = OmegaConf.load(ROOT / "conf" / "data" / "bible_de_en.yaml")
-    tok = Tokenizer.train_or_load([ROOT / data.train_src, ROOT / data.train_tgt], data.vocab_size,
-                                  ROOT / data.cache_dir, seed=1)
+    dm = TranslationDataModule(**{k: str(ROOT / data[k]) for k in data if k.endswith(("_src", "_tgt"))},
+                               vocab_size=data.vocab_size, cache_dir=str(ROOT / data.cache_dir), name=data.name)
+    dm.prepare_data()  # the bundled corpus's preprocessed folder (built once, shared with training)
+    tok = dm.folder.tokenizer
     m = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml"))
     torch.manual_seed(args.seed)
     cfg = ModelConfig(**m, vocab_size=tok.vocab_size, norm={"placement": "pre"})

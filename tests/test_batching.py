@@ -1,7 +1,11 @@
-"""Token-budget batch sampler and collate: coverage, budget, epoch order, DDP shards, padding."""
+"""Token-budget batch sampler and collate: coverage, budget, epoch order, DDP shards, padding,
+mid-epoch resumption."""
+import numpy as np
+import pytest
 import torch
 
-from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
+from normlab.data.arrays import TokenArray
+from normlab.data.batching import BatchLoader, PairDataset, TokenBatchSampler, batch_by_size
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -80,7 +84,7 @@ def test_eval_order_is_sorted_and_fixed():
 def test_ddp_shards_disjoint_and_equal():
     src, tgt = toy_sizes()
     full = TokenBatchSampler(src, tgt, max_tokens=256, seed=1)
-    n = len(full.batches)
+    n = full.num_batches
     for replicas in (2, 3):
         shards = [list(TokenBatchSampler(src, tgt, 256, seed=1, num_replicas=replicas, rank=r))
                   for r in range(replicas)]
@@ -102,23 +106,103 @@ def test_more_replicas_than_batches_still_equal():
     assert [len(s) for s in shards] == [1, 1, 1, 1]
 
 
+def pairs(src, tgt, rows=None, limit=None):
+    return PairDataset(TokenArray.from_sequences(src), TokenArray.from_sequences(tgt), rows, limit)
+
+
 def test_collate_values():
-    samples = [(7, [10, 11, 12], [20, 21]), (3, [13], [22, 23, 24, 25])]
-    b = collate(samples, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    ds = pairs([[0], [0], [13], [0], [10, 11, 12]], [[0], [0], [22, 23, 24, 25], [0], [20, 21]])
+    b = ds.__getitems__([4, 2])  # what DataLoader calls with a batch of dataset positions
     assert b["src"].tolist() == [[10, 11, 12, EOS], [13, EOS, PAD, PAD]]
     assert b["tgt_out"].tolist() == [[20, 21, EOS, PAD, PAD], [22, 23, 24, 25, EOS]]
     assert b["tgt_in"].tolist() == [[BOS, 20, 21, PAD, PAD], [BOS, 22, 23, 24, 25]]
-    assert b["idx"].tolist() == [7, 3] and b["idx"].dtype == torch.long
+    assert b["idx"].tolist() == [4, 2] and b["idx"].dtype == torch.long and b["src"].dtype == torch.long
     assert b["ntokens"] == 3 + 5 == int((b["tgt_out"] != PAD).sum())
     # Teacher forcing: tgt_in is tgt_out shifted right by one, BOS in front.
     mask = b["tgt_in"] != PAD
     assert torch.equal(b["tgt_in"][:, 1:][mask[:, 1:]], b["tgt_out"][:, :-1][mask[:, 1:]])
+    assert ds[4] == (4, [10, 11, 12], [20, 21])
 
 
-def test_dataset_sizes_and_indices():
-    ds = TranslationDataset([[5, 6], [7]], [[8], [9, 9, 9]], indices=[4, 9])
-    assert ds.src_sizes.tolist() == [3, 2] and ds.tgt_sizes.tolist() == [2, 4]
-    assert ds[1] == (9, [7], [9, 9, 9])
-    s = TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, max_tokens=8, shuffle=False)
-    b = collate([ds[i] for i in next(iter(s))], PAD, BOS, EOS)
-    assert b["src"].numel() <= 8 and b["tgt_out"].numel() <= 8
+def test_rows_limit_and_source_only_batches():
+    ds = pairs([[5, 6], [7], [1, 2, 3, 4]], [[8], [9, 9, 9], [6, 6]], rows=[2, 1], limit=3)
+    assert ds.src_sizes.tolist() == [4, 2] and ds.tgt_sizes.tolist() == [3, 4]
+    assert ds[0] == (2, [1, 2, 3], [6, 6])  # cut to the limit; idx is the pair's row
+    b = ds.__getitems__([0, 1])
+    assert b["idx"].tolist() == [2, 1] and b["src"].tolist() == [[1, 2, 3, EOS], [7, EOS, PAD, PAD]]
+    src_only = ds.head(1, sources_only=True)
+    assert src_only.tgt_sizes.tolist() == [1]
+    b = src_only.__getitems__([0])
+    assert b["tgt_in"].tolist() == [[BOS]] and b["tgt_out"].tolist() == [[EOS]] and b["ntokens"] == 1
+
+
+def greedy_reference(src, tgt, max_tokens, order):
+    """The per-pair loop batch_by_size replaced (fairseq's batch_by_size semantics)."""
+    batches, cur, longest = [], [], 0
+    for i in order.tolist():
+        size = max(int(src[i]), int(tgt[i]))
+        if cur and (len(cur) + 1) * max(longest, size) > max_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, size)
+    return batches + ([cur] if cur else [])
+
+
+@pytest.mark.parametrize("max_tokens", [70, 256, 4096])
+def test_vectorised_greedy_equals_the_per_pair_loop(max_tokens):
+    src, tgt = (x.numpy() for x in toy_sizes(2000, seed=max_tokens))
+    order = np.random.default_rng(0).permutation(len(src))
+    bounds = batch_by_size(src, tgt, max_tokens, order)
+    assert [order[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == greedy_reference(src, tgt, max_tokens, order)
+
+
+def test_a_pair_over_the_budget_is_named():
+    with pytest.raises(ValueError, match="max_tokens=10 is less than the 12 tokens of pair 1"):
+        batch_by_size(np.array([3, 12]), np.array([3, 4]), 10, np.arange(2))
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_resume_mid_epoch_yields_the_rest(replicas):
+    src, tgt = toy_sizes()
+    for rank in range(replicas):
+        make = lambda: TokenBatchSampler(src, tgt, 256, seed=4, num_replicas=replicas, rank=rank)
+        full = make()
+        full.set_epoch(2)
+        whole = list(full)
+        assert full.state_dict() == {"epoch": 2, "position": len(whole)}
+        for k in (0, 1, len(whole) // 2, len(whole)):
+            first = make()
+            first.set_epoch(2)
+            it = iter(first)
+            head = [next(it) for _ in range(k)]
+            state = first.state_dict()
+            assert state == {"epoch": 2, "position": k}
+            resumed = make()
+            resumed.load_state_dict(state)
+            resumed.set_epoch(2)
+            assert head + list(resumed) == whole
+            assert list(resumed) == whole  # the restored position applies to one iteration only
+        other = make()
+        other.load_state_dict({"epoch": 1, "position": 5})  # a finished epoch's state: epoch 2 starts afresh
+        other.set_epoch(2)
+        assert list(other) == whole
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_state_counts_delivered_batches(workers):
+    """Worker processes draw batches ahead of the training loop; the saved position must be the
+    loop's, or a resumed run would skip the prefetched batches."""
+    src = [[5] * (1 + i % 7) for i in range(300)]
+    ds = pairs(src, src)
+    make = lambda: BatchLoader(ds, TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, 24, seed=2), num_workers=workers)
+    whole = [b["idx"].tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [next(it)["idx"].tolist() for _ in range(5)]
+    state = loader.state_dict()
+    assert state == {"epoch": 0, "position": 5}
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b["idx"].tolist() for b in resumed] == whole

@@ -1,10 +1,14 @@
 """Corpus reading: every malformed input fails with CorpusError naming file and line."""
 import gzip
+import hashlib
 import logging
 
+import numpy as np
 import pytest
 
-from normlab.data.corpus import CorpusError, filter_by_length, read_lines, read_parallel, truncate
+from normlab.data import corpus
+from normlab.data.corpus import CorpusError, LineReader, decode_lines, read_lines, read_parallel, scan
+from normlab.data.datamodule import fits
 
 
 def write(path, text: str | bytes):
@@ -74,16 +78,64 @@ def test_empty_lines_dropped_with_count(tmp_path, caplog):
     assert "dropped 2 of 4" in caplog.text
 
 
-def test_filter_by_length_counts_eos_bos(caplog):
+def test_fits_counts_eos_bos():
     # max_positions=4 leaves room for 3 tokens + EOS (source) / BOS + 3 tokens (target).
-    src = [[5, 6, 7], [5, 6, 7, 8], [5], [5]]
-    tgt = [[9], [9], [9, 9, 9], [9, 9, 9, 9]]
-    with caplog.at_level(logging.WARNING):
-        keep, dropped = filter_by_length(src, tgt, max_positions=4, name="toy")
-    assert keep == [0, 2] and dropped == 2
-    assert "toy: dropped 2 of 4" in caplog.text
+    assert fits(np.array([3, 4, 1, 0], dtype=np.uint16), 4).tolist() == [True, False, True, True]
 
 
-def test_truncate_keeps_every_pair():
-    out, n = truncate([[1, 2, 3, 4, 5], [1, 2]], max_positions=4)
-    assert out == [[1, 2, 3], [1, 2]] and n == 1
+def test_a_directory_is_not_called_missing(tmp_path):
+    (tmp_path / "train.de").mkdir()
+    with pytest.raises(CorpusError, match=r"train\.de: is a directory, not a corpus file"):
+        read_lines(tmp_path / "train.de")
+    with pytest.raises(CorpusError, match="is a directory"):
+        scan(tmp_path / "train.de")
+
+
+def test_byte_order_mark_is_dropped(tmp_path):
+    src = write(tmp_path / "bom.de", "\ufeffErste\nzweite\n")
+    tgt = write(tmp_path / "bom.en", "\ufeffFirst\nsecond\n")
+    assert read_lines(src) == ["Erste", "zweite"]
+    assert read_parallel(src, tgt)[1] == ["First", "second"]  # not "\ufeffFirst": BLEU would count it
+    raw = LineReader(tgt).take(10)
+    assert decode_lines(raw[2], tgt, raw[0], raw[1]) == ["First", "second"]
+
+
+TRICKY = ("\ufeffeins\r\n\nzwei \u2028 drei\n\n \t \nvier" + "".join(f"\nz{i} {'x' * (i % 50)}" for i in range(3000)))
+
+
+@pytest.mark.parametrize("final_newline", [True, False])
+@pytest.mark.parametrize("gz", [False, True])
+def test_streaming_reader_equals_read_lines(tmp_path, monkeypatch, gz, final_newline):
+    monkeypatch.setattr(corpus, "_BLOCK", 97)  # lines straddle block ends
+    data = (TRICKY + ("\n" if final_newline else "")).encode()
+    path = tmp_path / "t.txt"
+    path.write_bytes(gzip.compress(data[:5000]) + gzip.compress(data[5000:]) if gz else data)  # 2 gzip members
+    expected = read_lines(path)
+    got = []
+    with LineReader(path) as r:
+        while chunk := r.take(123):
+            first, offset, raw = chunk
+            if not raw:
+                break
+            assert first == len(got) + 1
+            got += decode_lines(raw, path, first, offset)
+    assert got == expected
+    info = scan(path)
+    assert info.lines == len(expected) and info.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_streaming_names_the_line_and_offset_of_bad_utf8(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "_BLOCK", 7)
+    good = "".join(f"line {i}\n" for i in range(50))
+    bad = write(tmp_path / "bad.de", good.encode() + b"dri\xfftte\n")
+    with LineReader(bad) as r, pytest.raises(CorpusError) as e:
+        while (chunk := r.take(8))[2]:
+            decode_lines(chunk[2], bad, chunk[0], chunk[1])
+    assert f"{bad}:51: invalid UTF-8 byte 0xff at byte offset {len(good) + 3} (byte 3 of the line)" in str(e.value)
+
+
+def test_corrupt_gzip_is_named(tmp_path):
+    gz = tmp_path / "cut.de.gz"
+    gz.write_bytes(gzip.compress(("ein Satz\n" * 5000).encode())[:-30])
+    with pytest.raises(CorpusError, match=r"cut\.de\.gz: corrupt gzip file"):
+        scan(gz)

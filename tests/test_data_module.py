@@ -1,4 +1,4 @@
-"""TranslationDataModule on a small slice of the bundled corpus (vocab 200: trains in < 1 s)."""
+"""TranslationDataModule on a small slice of the bundled corpus (vocab 200: preprocessed in < 1 s)."""
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 
+from normlab.config import ConfigError
 from normlab.data.corpus import read_lines
 from normlab.data.datamodule import TranslationDataModule, project_root, resolve_path
 
@@ -39,11 +40,11 @@ def all_idx(loader):
     return [i for b in loader for i in b["idx"].tolist()]
 
 
-def test_train_drops_long_pairs_and_idx_addresses_references(corpus):
+def test_train_drops_long_pairs_and_idx_addresses_the_pair(corpus):
     dm = make(corpus)
     tok = dm.tokenizer
-    src = tok.encode(dm.sources("train"))
-    tgt = tok.encode(dm.references("train"))
+    text = {side: [line.strip() for line in read_lines(corpus[f"train_{side}"])] for side in ("src", "tgt")}
+    src, tgt = tok.encode(text["src"]), tok.encode(text["tgt"])
     fits = [i for i in range(len(src)) if len(src[i]) < 64 and len(tgt[i]) < 64]
     assert 0 < len(fits) < 400  # the limit really bites at vocab 200
     assert dm.num_train_pairs == len(fits) and dm.stats["train"]["dropped_long"] == 400 - len(fits)
@@ -51,10 +52,15 @@ def test_train_drops_long_pairs_and_idx_addresses_references(corpus):
     for b in dm.train_dataloader():
         assert b["src"].numel() <= 600 and b["tgt_out"].numel() <= 600
         assert b["src"].size(1) <= 64 and b["tgt_in"].size(1) <= 64
-        hyp = tok.decode(b["tgt_out"])
-        assert hyp == [dm.references("train")[i] for i in b["idx"].tolist()]
+        assert tok.decode(b["tgt_out"]) == [text["tgt"][i] for i in b["idx"].tolist()]
+        assert tok.decode(b["src"]) == [text["src"][i] for i in b["idx"].tolist()]
         seen += b["idx"].tolist()
     assert sorted(seen) == fits
+
+
+def test_max_positions_that_drops_every_pair_names_the_key(corpus):
+    with pytest.raises(ConfigError, match=r"model\.max_positions=3 drops every one of the 400 training pairs"):
+        make(corpus, max_positions=3)
 
 
 def test_eval_keeps_every_pair_and_truncates_sources(corpus):
@@ -95,9 +101,11 @@ class _Recorder(L.LightningModule):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
         self.orders: dict[int, list[int]] = {}
+        self.batches: list[list[int]] = []
 
     def training_step(self, batch, _):
         self.orders.setdefault(self.current_epoch, []).extend(batch["idx"].tolist())
+        self.batches.append(batch["idx"].tolist())
         return (self.w * batch["ntokens"]).sum()
 
     def configure_optimizers(self):
@@ -120,3 +128,36 @@ def test_relative_paths_resolve_against_project_root(monkeypatch, tmp_path):
     assert project_root() == ROOT
     assert resolve_path("data/bible_de_en/train.de.gz") == BIBLE / "train.de.gz"
     assert resolve_path(tmp_path / "x") == tmp_path / "x"
+
+
+def _fit(dm, model, ckpt=None, **kw):
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, **kw)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+
+
+class _SaveAt(L.Callback):
+    """Saves a checkpoint where ModelCheckpoint(every_n_train_steps) would: after batch k."""
+
+    def __init__(self, k: int, path):
+        self.k, self.path = k, path
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.k:
+            trainer.save_checkpoint(self.path)
+
+
+def test_lightning_resumes_mid_epoch_with_the_next_batch(corpus, tmp_path):
+    """The train loader is stateful in Lightning's sense: a checkpoint taken after k batches of
+    epoch 0 stores (epoch 0, position k), and the resumed fit trains on exactly the batches the
+    uninterrupted one would have (rest of epoch 0, then epoch 1)."""
+    make_dm = lambda: TranslationDataModule(**corpus, vocab_size=200, max_tokens=600, max_positions=64)
+    whole = _Recorder()
+    _fit(make_dm(), whole, max_epochs=2, callbacks=[_SaveAt(3, tmp_path / "mid.ckpt")])
+    loops = torch.load(tmp_path / "mid.ckpt", weights_only=False)["loops"]["fit_loop"]
+    assert loops["state_dict"]["combined_loader"] == [{"epoch": 0, "position": 3}]
+    rest = _Recorder()
+    _fit(make_dm(), rest, ckpt=str(tmp_path / "mid.ckpt"), max_epochs=2)
+    first_three = whole.orders[0][:sum(len(b) for b in whole.batches[:3])]
+    assert first_three + rest.orders[0] == whole.orders[0]
+    assert rest.orders[1] == whole.orders[1]

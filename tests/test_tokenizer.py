@@ -1,9 +1,9 @@
-"""Tokenizer: fixed special ids, cache reuse keyed on data + settings, exact round trips."""
+"""Tokenizer: fixed special ids, deterministic training, exact round trips, clear load errors."""
 import itertools
 
 import pytest
 
-from normlab.data import tokenizer as tokmod
+from normlab.data.corpus import CorpusError
 from normlab.data.tokenizer import Tokenizer
 
 WORDS_DE = "der die das Haus Baum Wasser Licht Erde Himmel sprach sah gut groß klein und nicht".split()
@@ -18,85 +18,34 @@ def synthetic(words, n, shift=0):
     return [s[0].upper() + s[1:] for s in sentences]
 
 
-@pytest.fixture
-def train_files(tmp_path):
-    src, tgt = tmp_path / "train.de", tmp_path / "train.en"
-    src.write_text("\n".join(synthetic(WORDS_DE, 300)) + "\n")
-    tgt.write_text("\n".join(synthetic(WORDS_EN, 300)) + "\n")
-    return [str(src), str(tgt)]
+@pytest.fixture(scope="module")
+def lines():
+    return synthetic(WORDS_DE, 300) + synthetic(WORDS_EN, 300)
 
 
-@pytest.fixture
-def count_trainings(monkeypatch):
-    calls = []
-    real = tokmod._train_spm
-
-    def counting(lines, settings):
-        calls.append(settings)
-        return real(lines, settings)
-
-    monkeypatch.setattr(tokmod, "_train_spm", counting)
-    return calls
-
-
-def test_special_ids_and_vocab(train_files, tmp_path):
-    tok = Tokenizer.train_or_load(train_files, VOCAB, tmp_path / "cache")
+def test_special_ids_and_vocab(lines):
+    tok = Tokenizer.train(lines, VOCAB)
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
     assert tok.vocab_size == VOCAB
     assert [tok.sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
 
 
-def test_second_call_reuses_cache(train_files, tmp_path, count_trainings):
-    cache = tmp_path / "cache"
-    a = Tokenizer.train_or_load(train_files, VOCAB, cache)
-    b = Tokenizer.train_or_load(train_files, VOCAB, cache)
-    assert len(count_trainings) == 1
-    assert a.path == b.path and a.path.parent.parent == cache
-    assert [p.name for p in cache.iterdir()] == [a.path.parent.name]  # no temp dir left behind
+def test_training_is_byte_deterministic(lines):
+    assert Tokenizer.train(lines, VOCAB).proto == Tokenizer.train(lines, VOCAB).proto
+    assert Tokenizer.train(lines, VOCAB).sha256 != Tokenizer.train(lines, VOCAB - 20).sha256
 
 
-def test_changed_settings_or_data_change_the_key(train_files, tmp_path, count_trainings):
-    cache = tmp_path / "cache"
-    base = Tokenizer.train_or_load(train_files, VOCAB, cache).path.parent
-    other_vocab = Tokenizer.train_or_load(train_files, VOCAB - 20, cache).path.parent
-    other_seed = Tokenizer.train_or_load(train_files, VOCAB, cache, seed=2).path.parent
-    other_cov = Tokenizer.train_or_load(train_files, VOCAB, cache, character_coverage=0.9995).path.parent
-    with open(train_files[1], "a") as f:
-        f.write("One more line.\n")
-    other_data = Tokenizer.train_or_load(train_files, VOCAB, cache).path.parent
-    assert len({base, other_vocab, other_seed, other_cov, other_data}) == 5
-    assert len(count_trainings) == 5
+def test_load_names_a_file_that_is_no_model(tmp_path):
+    bad = tmp_path / "spm.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(CorpusError, match=f"{bad}: not a sentencepiece model"):
+        Tokenizer.load(bad)
+    with pytest.raises(CorpusError, match="sentencepiece model not found"):
+        Tokenizer.load(tmp_path / "none.model")
 
 
-def test_training_is_byte_deterministic(train_files, tmp_path):
-    a = Tokenizer.train_or_load(train_files, VOCAB, tmp_path / "c1")
-    b = Tokenizer.train_or_load(train_files, VOCAB, tmp_path / "c2")
-    assert a.path.read_bytes() == b.path.read_bytes()
-
-
-def test_concurrent_winner_is_kept(train_files, tmp_path, monkeypatch):
-    """Another run publishes the model while we are still training: we must neither fail nor
-    overwrite it, and must remove our temp dir."""
-    cache = tmp_path / "cache"
-    real = tokmod._train_spm
-
-    def racing(lines, settings):
-        proto = real(lines, settings)
-        key = tokmod.cache_key(lines, {k: v for k, v in settings.items() if k != "num_threads"})
-        (cache / key).mkdir(parents=True)
-        (cache / key / "spm.model").write_bytes(proto)
-        (cache / key / "winner").write_text("x")
-        return proto
-
-    monkeypatch.setattr(tokmod, "_train_spm", racing)
-    tok = Tokenizer.train_or_load(train_files, VOCAB, cache)
-    assert (tok.path.parent / "winner").exists()
-    assert [p.name for p in cache.iterdir()] == [tok.path.parent.name]
-    assert tok.decode(tok.encode(["Das Haus."])) == ["Das Haus."]
-
-
-def test_round_trip_and_save_load(train_files, tmp_path):
-    tok = Tokenizer.train_or_load(train_files, VOCAB, tmp_path / "cache")
+def test_round_trip_and_save_load(lines, tmp_path):
+    tok = Tokenizer.train(lines, VOCAB)
     lines = ["Das Haus sprach nicht.", "The small tree saw good water.", "Licht und Erde"]
     ids = tok.encode(lines)
     assert all(i not in (0, 1, 2) for seq in ids for i in seq)  # no specials added by encode
@@ -109,10 +58,10 @@ def test_round_trip_and_save_load(train_files, tmp_path):
     assert from_bytes.encode(lines) == ids and from_bytes.proto == saved.read_bytes()
 
 
-def test_decode_stops_at_eos_and_skips_pad_bos(train_files, tmp_path):
+def test_decode_stops_at_eos_and_skips_pad_bos(lines):
     import torch
 
-    tok = Tokenizer.train_or_load(train_files, VOCAB, tmp_path / "cache")
+    tok = Tokenizer.train(lines, VOCAB)
     ids = tok.encode(["Das Haus."])[0]
     noisy = torch.tensor([tok.bos_id, *ids, tok.eos_id, *ids, tok.pad_id])
     assert tok.decode([noisy]) == ["Das Haus."]

@@ -167,7 +167,8 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
 
 def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
-    model_cfg = model_config_from_hydra(cfg, vocab_size=int(cfg.data.vocab_size))
+    vocab = cfg.data.get("vocab_size")  # null for data=preprocessed: the folder's tokenizer decides
+    model_cfg = model_config_from_hydra(cfg, vocab_size=None if vocab is None else int(vocab))
     o = cfg.optim
     _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
     _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")
@@ -179,7 +180,8 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm!r} must be >= 0")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
     _positive("data.max_tokens", cfg.data.max_tokens)
-    _positive("data.vocab_size", cfg.data.vocab_size)
+    if vocab is not None:
+        _positive("data.vocab_size", vocab)
     for key in ("decoder", "test_decoder"):
         d = cfg.eval.get(key)
         if d is None:

@@ -68,15 +68,9 @@ def lines_loader(tokenizer, lines: list[str], max_positions: int, max_tokens: in
     """Batches of raw source lines built as the data module builds valid/test batches (source +
     EOS, cut to max_positions, sorted by length, token budget); batch["idx"] addresses `lines`.
     Returns (loader, number of lines cut)."""
-    from functools import partial
+    from normlab.data.arrays import TokenArray
+    from normlab.data.batching import PairDataset, batch_loader
 
-    from torch.utils.data import DataLoader
-
-    from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
-    from normlab.data.corpus import truncate
-
-    src, n_cut = truncate(tokenizer.encode(lines), max_positions)
-    ds = TranslationDataset(src, [[] for _ in src])
-    sampler = TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, max_tokens, shuffle=False)
-    collate_fn = partial(collate, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
-    return DataLoader(ds, batch_sampler=sampler, collate_fn=collate_fn), n_cut
+    src = TokenArray.from_sequences(tokenizer.encode(lines))
+    n_cut = int((src.lengths > max_positions - 1).sum())
+    return batch_loader(PairDataset(src, None, limit=max_positions - 1), max_tokens), n_cut

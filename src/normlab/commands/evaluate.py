@@ -24,12 +24,15 @@ from tqdm import tqdm
 from normlab.checkpoint import atomic_write_bytes, write_json
 from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
                                      run_dir_of_checkpoint)
+from normlab.config import ConfigError
 from normlab.data.corpus import CorpusError, read_lines
 from normlab.evaluation import lines_loader, make_decoder, ordered, score, translate_batches
 
 
-def split_batches(run_dir: Path, split: str, tokenizer):
-    """(batches, references, sources) of a split, as the run's data module builds them."""
+def split_batches(run_dir: Path, split: str, tokenizer, owner: str):
+    """(batches, references, sources) of a split, as the run's data module builds them (from the
+    same memory-mapped arrays; `owner` names where `tokenizer` comes from, for the error when the
+    data was encoded with another one)."""
     from normlab.data.datamodule import TranslationDataModule
 
     cfg_path = run_dir / ".hydra" / "config.yaml"
@@ -38,10 +41,10 @@ def split_batches(run_dir: Path, split: str, tokenizer):
                            "use --src/--ref for other files")
     data = OmegaConf.to_container(OmegaConf.load(cfg_path).data, resolve=True)
     data.pop("_target_", None)
-    dm = TranslationDataModule(**data, tokenizer=tokenizer)
+    dm = TranslationDataModule(**data, tokenizer=tokenizer, tokenizer_owner=owner)
     try:
         dm.setup("test")
-    except CorpusError as e:
+    except (CorpusError, ConfigError) as e:
         raise CommandError(str(e)) from None
     return dm.dataloader(split), dm.references(split), dm.sources(split)
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     hyp_out = Path(args.hyp_output or out.with_suffix(".hyp"))
     refuse_overwrite(out, hyp_out, force=args.force)
     if args.split:
-        batches, refs, _ = split_batches(run_dir, args.split, tok)
+        batches, refs, _ = split_batches(run_dir, args.split, tok, str(ckpt_path))
     else:
         try:
             srcs, refs = read_lines(args.src), read_lines(args.ref)

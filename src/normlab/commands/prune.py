@@ -23,20 +23,20 @@ import argparse
 import csv
 import io
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes, save_model, write_json
+from normlab.config import ConfigError
 from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
                                      run_dir_of_checkpoint)
-from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
-from normlab.evaluation import lines_loader, make_decoder, ordered, score, translate_batches
+from normlab.data.batching import batch_loader
+from normlab.data.corpus import CorpusError
+from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.regularizers.pruning import STRATEGIES, choose, learned_rates, prune
 
 COLUMNS = ("strategy", "kept", "encoder_layers", "decoder_layers", "valid_bleu", "test_bleu",
@@ -44,18 +44,15 @@ COLUMNS = ("strategy", "kept", "encoder_layers", "decoder_layers", "valid_bleu",
 
 
 class Split:
-    """The first n sentences of a split: batches for decoding and for teacher-forced NLL."""
+    """The first n sentences of a split: batches for decoding and for teacher-forced NLL, read from
+    the data module's arrays (sources cut to the model's max_positions, as the data module does)."""
 
-    def __init__(self, dm, split: str, n: int | None, max_tokens: int, max_positions: int):
-        tok = dm.tokenizer
+    def __init__(self, dm, split: str, n: int | None, max_tokens: int):
         ds = dm.datasets[split]
         n = len(ds) if n is None else min(n, len(ds))
         self.refs = dm.references(split)[:n]
-        self.decode_batches = list(lines_loader(tok, dm.sources(split)[:n], max_positions, max_tokens)[0])
-        sub = TranslationDataset(ds.src[:n], ds.tgt[:n])
-        sampler = TokenBatchSampler(sub.src_sizes, sub.tgt_sizes, max_tokens, shuffle=False)
-        self.loss_batches = list(DataLoader(sub, batch_sampler=sampler, collate_fn=partial(
-            collate, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)))
+        self.decode_batches = list(batch_loader(ds.head(n, sources_only=True), max_tokens))
+        self.loss_batches = list(batch_loader(ds.head(n), max_tokens))
 
     @torch.no_grad()
     def nll(self, model) -> float:
@@ -229,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from normlab.data.datamodule import TranslationDataModule
 
-    dm = TranslationDataModule(**_data_config(run_dir, args.config), tokenizer=tok)
-    dm.setup("test")
-    splits = {s: Split(dm, s, args.max_sentences, args.max_tokens, model.cfg.max_positions) for s in ("valid", "test")}
+    dm = TranslationDataModule(**{**_data_config(run_dir, args.config), "max_positions": model.cfg.max_positions},
+                               tokenizer=tok, tokenizer_owner=str(ckpt_path))
+    try:
+        dm.setup("test")
+    except (CorpusError, ConfigError) as e:
+        raise CommandError(str(e)) from None
+    splits = {s: Split(dm, s, args.max_sentences, args.max_tokens) for s in ("valid", "test")}
     rows = run_pruning(model, tok, splits, strategies, depths, decoder, args.search_metric, args.max_exhaustive,
                        save_dir, progress=not args.quiet)
     sig = score(["x"], ["x"])["bleu_signature"]

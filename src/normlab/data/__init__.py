@@ -1,8 +1,5 @@
-"""Parallel corpora, subword tokenizer, token-budget batching and the Lightning data module."""
-from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
-from normlab.data.corpus import CorpusError, filter_by_length, read_parallel
-from normlab.data.datamodule import TranslationDataModule, project_root, resolve_path
-from normlab.data.tokenizer import Tokenizer
+"""Parallel corpora: reading (corpus), preprocessing into memory-mapped token arrays (preprocess,
+arrays, folder), the subword tokenizer, token-budget batching and the Lightning data module.
 
-__all__ = ["CorpusError", "read_parallel", "filter_by_length", "Tokenizer", "TokenBatchSampler",
-           "TranslationDataset", "collate", "TranslationDataModule", "project_root", "resolve_path"]
+Nothing is imported here: preprocessing's worker processes import normlab.data.preprocess and
+must not pay for torch and Lightning."""

@@ -1,35 +1,85 @@
-"""Token-budget batches of similar-length pairs (as fairseq's batch_by_size), sharded for DDP."""
+"""Token-budget batches of similar-length pairs (as fairseq's batch_by_size), sharded for DDP and
+resumable mid-epoch, built from length arrays: no Python object per pair anywhere on this path."""
 from __future__ import annotations
 
 import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from normlab.data.arrays import TokenArray
+from normlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-class TranslationDataset(Dataset):
-    """Token-id pairs of one split; item = (index in the split, src ids, tgt ids).
+class PairDataset(Dataset):
+    """Pairs `rows` of a split's token arrays; position i of the dataset is pair rows[i] of the
+    split, and batch["idx"] carries that pair number, so it addresses the split's references.
 
-    `indices` maps positions back to the split's line numbers when some pairs were filtered
-    out, so `idx` in a batch always addresses the split's references."""
+    `limit` cuts each side to that many tokens (held-out splits keep every pair, cut to fit the
+    positions); `tgt=None` gives source-only batches (decoding raw input). A batch is read from
+    the memory maps in one vectorised gather (`__getitems__`, which DataLoader calls)."""
 
-    def __init__(self, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
-                 indices: Sequence[int] | None = None):
-        if len(src_ids) != len(tgt_ids):
-            raise ValueError(f"{len(src_ids)} source vs {len(tgt_ids)} target sequences")
-        self.src, self.tgt = src_ids, tgt_ids
-        self.indices = list(range(len(src_ids))) if indices is None else list(indices)
-        # Padded lengths as collate builds them: source + EOS, BOS + target.
-        self.src_sizes = torch.tensor([len(s) + 1 for s in src_ids], dtype=torch.long)
-        self.tgt_sizes = torch.tensor([len(t) + 1 for t in tgt_ids], dtype=torch.long)
+    def __init__(self, src: TokenArray, tgt: TokenArray | None, rows: np.ndarray | None = None,
+                 limit: int | None = None):
+        if tgt is not None and len(tgt) != len(src):
+            raise ValueError(f"{len(src)} source vs {len(tgt)} target sentences")
+        self.src, self.tgt, self.limit = src, tgt, limit
+        rows = np.arange(len(src)) if rows is None else np.asarray(rows)
+        self.rows = rows.astype(np.int32) if len(src) < 2**31 else rows
+        # Padded row lengths as collate builds them: source + EOS, BOS + target.
+        self.src_sizes = self._sizes(src)
+        self.tgt_sizes = self._sizes(tgt) if tgt is not None else np.ones(len(self.rows), dtype=np.int32)
+
+    def _sizes(self, side: TokenArray) -> np.ndarray:
+        n = side.lengths[self.rows].astype(np.int32)
+        if self.limit is not None:
+            np.minimum(n, self.limit, out=n)
+        return n + 1
 
     def __len__(self) -> int:
-        return len(self.src)
+        return len(self.rows)
 
-    def __getitem__(self, i: int) -> tuple[int, Sequence[int], Sequence[int]]:
-        return self.indices[i], self.src[i], self.tgt[i]
+    def __getitem__(self, i: int) -> tuple[int, list[int], list[int]]:
+        row = int(self.rows[i])
+        cut = slice(None, self.limit)
+        return row, self.src[row][cut], (self.tgt[row][cut] if self.tgt is not None else [])
+
+    def __getitems__(self, positions: Sequence[int]) -> dict:
+        rows = self.rows[np.asarray(positions, dtype=np.int64)]
+        src, src_len = self.src.gather(rows, self.limit, PAD_ID)
+        if self.tgt is not None:
+            tgt, tgt_len = self.tgt.gather(rows, self.limit, PAD_ID)
+        else:
+            tgt, tgt_len = np.zeros((len(rows), 0), np.int64), np.zeros(len(rows), np.int64)
+        return collate(rows, src, src_len, tgt, tgt_len, PAD_ID, BOS_ID, EOS_ID)
+
+    def head(self, n: int, sources_only: bool = False) -> "PairDataset":
+        """The first n pairs (fewer if there are fewer), optionally without targets."""
+        return PairDataset(self.src, None if sources_only else self.tgt, self.rows[:n], self.limit)
+
+
+def collate(idx: np.ndarray, src: np.ndarray, src_len: np.ndarray, tgt: np.ndarray, tgt_len: np.ndarray,
+            pad_id: int, bos_id: int, eos_id: int) -> dict:
+    """src = x + EOS; tgt_in = BOS + y (teacher forcing input); tgt_out = y + EOS (labels); all
+    right-padded with pad_id, from ids (B, L) already right-padded with pad_id. ntokens counts the
+    non-pad labels (the loss normaliser)."""
+    B, rows = len(idx), np.arange(len(idx))
+    S, T = int(src_len.max()) + 1, int(tgt_len.max()) + 1
+    out_src = np.full((B, S), pad_id, dtype=np.int64)  # (B, S)
+    out_src[:, :src.shape[1]] = src
+    out_src[rows, src_len] = eos_id
+    tgt_out = np.full((B, T), pad_id, dtype=np.int64)  # (B, T)
+    tgt_out[:, :tgt.shape[1]] = tgt
+    tgt_out[rows, tgt_len] = eos_id
+    tgt_in = np.full((B, T), pad_id, dtype=np.int64)  # (B, T)
+    tgt_in[:, 0] = bos_id
+    tgt_in[:, 1:tgt.shape[1] + 1] = tgt
+    return {"src": torch.from_numpy(out_src), "tgt_in": torch.from_numpy(tgt_in),
+            "tgt_out": torch.from_numpy(tgt_out), "idx": torch.from_numpy(np.asarray(idx, dtype=np.int64)),
+            "ntokens": int(tgt_len.sum()) + B}
 
 
 def _generator(*parts: int) -> torch.Generator:
@@ -39,27 +89,25 @@ def _generator(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
-def batch_by_size(src_sizes: torch.Tensor, tgt_sizes: torch.Tensor, max_tokens: int,
-                  order: torch.Tensor) -> list[list[int]]:
-    """Greedy: walk `order`, close a batch when n_sentences x longest (either side) would
-    exceed max_tokens. The cost counts padding, which is what memory and compute pay for."""
-    src, tgt = src_sizes.tolist(), tgt_sizes.tolist()
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        size = max(src[i], tgt[i])
-        if size > max_tokens:
-            raise ValueError(f"pair {i} needs {size} tokens per row, more than max_tokens="
-                             f"{max_tokens}; raise max_tokens or lower max_positions")
-        if cur and (len(cur) + 1) * max(longest, size) > max_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, size)
-    if cur:
-        batches.append(cur)
-    return batches
+def batch_by_size(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int,
+                  order: np.ndarray) -> np.ndarray:
+    """Greedy over `order`: a batch closes when n_sentences x longest row (either side) would
+    exceed max_tokens (the cost counts padding, which is what memory and compute pay for).
+    Returns the batch boundaries in `order` (n_batches + 1). One numpy step per batch: within a
+    batch, (j + 1) x running max only grows, so its size is the first j where it exceeds."""
+    sizes = np.maximum(src_sizes, tgt_sizes)[order]
+    if len(sizes) and sizes.max() > max_tokens:
+        j = int(np.argmax(sizes > max_tokens))
+        raise ValueError(f"max_tokens={max_tokens} is less than the {int(sizes[j])} tokens of pair "
+                         f"{int(order[j])} (a batch row holds source + EOS, or BOS + target); raise it "
+                         "or lower max_positions")
+    bounds, p, n = [0], 0, len(sizes)
+    while p < n:
+        window = sizes[p:p + max_tokens // int(sizes[p])]  # no batch from p is longer
+        fits = np.arange(1, len(window) + 1) * np.maximum.accumulate(window) <= max_tokens
+        p += len(window) if fits.all() else int(np.argmin(fits))
+        bounds.append(p)
+    return np.asarray(bounds, dtype=np.int64)
 
 
 class TokenBatchSampler(Sampler[list[int]]):
@@ -71,11 +119,13 @@ class TokenBatchSampler(Sampler[list[int]]):
     from (seed, epoch). Under DDP every rank draws the same order and takes every
     num_replicas-th batch; the list is padded by repeating batches from its start so each rank
     gets exactly len(self) batches (an unequal count would hang the gradient all-reduce).
-    With num_replicas > 1, evaluation must therefore de-duplicate by `idx`."""
+    With num_replicas > 1, evaluation must therefore de-duplicate by `idx`.
 
-    def __init__(self, src_sizes: torch.Tensor, tgt_sizes: torch.Tensor, max_tokens: int,
-                 shuffle: bool = True, seed: int = 1, num_replicas: int = 1, rank: int = 0,
-                 epoch_fn: Callable[[], int | None] | None = None):
+    Resumable: state_dict() = {"epoch": e, "position": k}, the batches already yielded in epoch
+    e; after load_state_dict() the next iteration of epoch e yields exactly the rest."""
+
+    def __init__(self, src_sizes, tgt_sizes, max_tokens: int, shuffle: bool = True, seed: int = 1,
+                 num_replicas: int = 1, rank: int = 0, epoch_fn: Callable[[], int | None] | None = None):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} not in [0, {num_replicas})")
         self.shuffle, self.seed = shuffle, seed
@@ -84,13 +134,23 @@ class TokenBatchSampler(Sampler[list[int]]):
         # Lightning calls set_epoch only on samplers, not on batch samplers, so the data module
         # passes a function that reads trainer.current_epoch; it wins over set_epoch when set.
         self.epoch_fn = epoch_fn
-        order = torch.arange(len(src_sizes))
-        if shuffle:
-            order = torch.randperm(len(src_sizes), generator=_generator(seed))
-        # Two stable sorts = lexicographic (source, target) length order, as fairseq.
-        order = order[torch.sort(tgt_sizes[order], stable=True).indices]
-        order = order[torch.sort(src_sizes[order], stable=True).indices]
-        self.batches = batch_by_size(src_sizes, tgt_sizes, max_tokens, order)
+        src, tgt = np.asarray(src_sizes), np.asarray(tgt_sizes)
+        n = len(src)
+        order = torch.randperm(n, generator=_generator(seed)).numpy() if shuffle else np.arange(n)
+        # lexsort = two stable sorts: (source, target) length order, ties in permutation order (fairseq).
+        order = order[np.lexsort((tgt[order], src[order]))]
+        self.order = order.astype(np.int32) if n < 2**31 else order
+        self.bounds = batch_by_size(src, tgt, max_tokens, self.order)
+        self._resume: tuple[int, int] | None = None
+        self._state = {"epoch": None, "position": 0}
+        self.start = 0  # where the latest iteration began
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.bounds) - 1
+
+    def batch(self, b: int) -> list[int]:
+        return self.order[self.bounds[b]:self.bounds[b + 1]].tolist()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -100,43 +160,80 @@ class TokenBatchSampler(Sampler[list[int]]):
         return self.epoch if epoch is None else epoch
 
     def __len__(self) -> int:
-        return math.ceil(len(self.batches) / self.num_replicas)
+        return math.ceil(self.num_batches / self.num_replicas)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        n = len(self.batches)
+    def epoch_batches(self, epoch: int) -> list[int]:
+        """This rank's batch numbers in epoch `epoch`."""
+        n = self.num_batches
         if self.shuffle:
-            order = torch.randperm(n, generator=_generator(self.seed, self.current_epoch())).tolist()
+            order = torch.randperm(n, generator=_generator(self.seed, epoch)).tolist()
         else:
             order = list(range(n))
         total = len(self) * self.num_replicas
         order = (order * math.ceil(total / n))[:total] if n else []
-        for j in range(self.rank, total, self.num_replicas):
-            yield list(self.batches[order[j]])
+        return order[self.rank:total:self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Not a generator function: the epoch and start are fixed when iter() is called, so a
+        # loader can read them before the first batch.
+        epoch, start = self.current_epoch(), 0
+        if self._resume is not None and self._resume[0] == epoch:
+            start = self._resume[1]
+        self._state = {"epoch": epoch, "position": start}
+        self.start = start
+        return self._yield(self.epoch_batches(epoch)[start:])
+
+    def _yield(self, batches: list[int]) -> Iterator[list[int]]:
+        # The restored position is spent by the first iteration that is advanced, not by iter():
+        # DataLoader's worker iterator calls iter() twice before drawing its first batch.
+        self._resume = None
+        for b in batches:
+            self._state["position"] += 1
+            yield self.batch(b)
+
+    def state_dict(self) -> dict:
+        epoch = self._state["epoch"]
+        return {"epoch": self.current_epoch() if epoch is None else epoch, "position": self._state["position"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = (int(state["epoch"]), int(state["position"]))
 
 
-def collate(samples: Sequence[tuple[int, Sequence[int], Sequence[int]]], pad_id: int,
-            bos_id: int, eos_id: int) -> dict:
-    """src = x + EOS; tgt_in = BOS + y (teacher forcing input); tgt_out = y + EOS (labels).
-    All right-padded with pad_id. ntokens counts the non-pad labels (the loss normaliser)."""
-    B = len(samples)
-    src_len = [len(s) + 1 for _, s, _ in samples]
-    tgt_len = [len(t) + 1 for _, _, t in samples]
-    src = torch.full((B, max(src_len)), pad_id, dtype=torch.long)  # (B, S)
-    tgt_in = torch.full((B, max(tgt_len)), pad_id, dtype=torch.long)  # (B, T)
-    tgt_out = torch.full((B, max(tgt_len)), pad_id, dtype=torch.long)  # (B, T)
-    for b, (_, s, t) in enumerate(samples):
-        n, m = len(s), len(t)
-        t = torch.as_tensor(t, dtype=torch.long)
-        src[b, :n] = torch.as_tensor(s, dtype=torch.long)
-        src[b, n] = eos_id
-        tgt_in[b, 0] = bos_id
-        tgt_in[b, 1:m + 1] = t
-        tgt_out[b, :m] = t
-        tgt_out[b, m] = eos_id
-    return {
-        "src": src,
-        "tgt_in": tgt_in,
-        "tgt_out": tgt_out,
-        "idx": torch.tensor([i for i, _, _ in samples], dtype=torch.long),
-        "ntokens": sum(tgt_len),
-    }
+def _unwrap(batch: dict) -> dict:  # PairDataset.__getitems__ already collates
+    return batch
+
+
+class BatchLoader(DataLoader):
+    """A DataLoader over a PairDataset and a TokenBatchSampler that Lightning treats as stateful
+    (state_dict / load_state_dict), so checkpoints store its position and a resumed run goes on
+    with the next batch of the interrupted epoch. The state counts batches delivered to the
+    training loop, not drawn from the sampler (worker processes draw ahead)."""
+
+    def __init__(self, dataset: PairDataset, batch_sampler: TokenBatchSampler, num_workers: int = 0):
+        super().__init__(dataset, batch_sampler=batch_sampler, collate_fn=_unwrap, num_workers=num_workers,
+                         persistent_workers=num_workers > 0)
+        self._state: dict | None = None
+
+    def __iter__(self):
+        it = super().__iter__()  # calls iter(batch_sampler), which fixes the epoch and start
+        self._state = {"epoch": self.batch_sampler.state_dict()["epoch"], "position": self.batch_sampler.start}
+        return self._count(it)
+
+    def _count(self, it):
+        for batch in it:
+            self._state["position"] += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return dict(self._state) if self._state is not None else self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.load_state_dict(state)
+        self._state = None
+
+
+def batch_loader(dataset: PairDataset, max_tokens: int, shuffle: bool = False, seed: int = 1,
+                 num_replicas: int = 1, rank: int = 0, epoch_fn=None, num_workers: int = 0) -> BatchLoader:
+    sampler = TokenBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens, shuffle=shuffle, seed=seed,
+                                num_replicas=num_replicas, rank=rank, epoch_fn=epoch_fn)
+    return BatchLoader(dataset, sampler, num_workers=num_workers)

@@ -1,16 +1,26 @@
-"""LightningDataModule: read + validate the three splits, tokenizer, token-budget loaders."""
+"""LightningDataModule: one data path from a preprocessed folder's memory-mapped arrays to
+token-budget loaders, for training, validation, test and the commands.
+
+`path` names a folder written by `python -m normlab.commands.preprocess` (data=preprocessed);
+otherwise the six text files are preprocessed into `cache_dir` on first use (data=bible_de_en,
+data=custom) and then read the same way. Length limits depend on the model, so they apply here:
+training pairs that do not fit max_positions are dropped, held-out pairs are cut to fit.
+"""
 from __future__ import annotations
 
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 
 import lightning as L
-from torch.utils.data import DataLoader
+import numpy as np
 
-from normlab.data.batching import TokenBatchSampler, TranslationDataset, collate
-from normlab.data.corpus import filter_by_length, read_parallel, truncate
+from normlab.config import ConfigError
+from normlab.data.batching import BatchLoader, PairDataset, batch_loader
+from normlab.data.folder import DataFolder, cached_folder
+from normlab.data.preprocess import SpmSettings
 from normlab.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -44,90 +54,122 @@ def resolve_path(path: str | os.PathLike) -> Path:
     return p if p.is_absolute() else project_root() / p
 
 
+def fits(lengths: np.ndarray, max_positions: int) -> np.ndarray:
+    # +1: collate appends EOS to the source and prepends BOS to the target input.
+    return lengths.astype(np.int32) + 1 <= max_positions
+
+
 class TranslationDataModule(L.LightningDataModule):
     def __init__(
         self,
-        train_src: str, train_tgt: str,
-        valid_src: str, valid_tgt: str,
-        test_src: str, test_tgt: str,
-        vocab_size: int = 8000,
+        train_src: str | None = None, train_tgt: str | None = None,
+        valid_src: str | None = None, valid_tgt: str | None = None,
+        test_src: str | None = None, test_tgt: str | None = None,
+        path: str | None = None,  # a preprocessed folder, instead of the six text files
+        vocab_size: int | None = 8000,
+        spm_model_type: str = "bpe",
+        spm_character_coverage: float = 1.0,
+        spm_sample: int = 1_000_000,
+        spm_seed: int = 1,
         max_tokens: int = 2048,
         eval_max_tokens: int | None = None,
         max_positions: int = 256,
         cache_dir: str = ".cache/normlab",
         seed: int = 1,
         num_workers: int = 0,
+        preprocess_workers: int | None = None,
+        check_inputs: bool = True,
         src_lang: str = "src",
         tgt_lang: str = "tgt",
-        name: str = "corpus",
-        tokenizer: Tokenizer | None = None,  # given (e.g. a checkpoint's): used instead of training one
+        name: str | None = None,
+        tokenizer: Tokenizer | None = None,  # given (e.g. a checkpoint's): the data must be encoded with it
+        tokenizer_owner: str = "the checkpoint",
         **kwargs,  # other keys of the Hydra data group (e.g. notes); not used here
     ):
         super().__init__()
-        self.paths = {
-            "train": (resolve_path(train_src), resolve_path(train_tgt)),
-            "valid": (resolve_path(valid_src), resolve_path(valid_tgt)),
-            "test": (resolve_path(test_src), resolve_path(test_tgt)),
-        }
-        self.vocab_size = vocab_size
+        texts = {"train": (train_src, train_tgt), "valid": (valid_src, valid_tgt), "test": (test_src, test_tgt)}
+        self.path = resolve_path(path) if path else None
+        self.paths = None if path else {s: tuple(resolve_path(p) for p in pair) for s, pair in texts.items()}
+        self.spm = SpmSettings(vocab_size or 8000, spm_model_type, spm_character_coverage, spm_sample, spm_seed)
         self.max_tokens = max_tokens
         self.eval_max_tokens = eval_max_tokens or 2 * max_tokens
         self.max_positions = max_positions
         self.cache_dir = resolve_path(cache_dir)
-        self.seed, self.num_workers = seed, num_workers
+        self.seed, self.num_workers, self.preprocess_workers = seed, num_workers, preprocess_workers
+        self.check_inputs = check_inputs
         self.src_lang, self.tgt_lang, self.name = src_lang, tgt_lang, name
+        self._given_tokenizer, self._owner = tokenizer, tokenizer_owner
+        self.folder: DataFolder | None = None
         self.tokenizer: Tokenizer | None = None
-        self._given_tokenizer = tokenizer
-        self._raw: dict[str, tuple[list[str], list[str]]] = {}
-        self.datasets: dict[str, TranslationDataset] = {}
+        self.datasets: dict[str, PairDataset] = {}
+        self._text: dict[str, tuple[list[str], list[str]]] = {}
         self.stats: dict[str, dict] = {}
 
-    def _train_tokenizer(self) -> Tokenizer:
-        if self._given_tokenizer is not None:
-            return self._given_tokenizer
-        return Tokenizer.train_or_load(list(self.paths["train"]), self.vocab_size, self.cache_dir,
-                                       seed=self.seed)
+    def _open(self) -> DataFolder:
+        if self.folder is None:
+            if self.path is not None:
+                self.folder = DataFolder.open(self.path, check_inputs=self.check_inputs)
+                if self._given_tokenizer is not None:
+                    self.folder.check_tokenizer(self._given_tokenizer, self._owner, (
+                        f"python -m normlab.commands.preprocess ... --spm-model <run>/tokenizer/spm.model "
+                        f"--out NEW_FOLDER, then data.path=NEW_FOLDER"))
+            else:
+                self.folder = cached_folder(self.paths, self.cache_dir, self.spm, self.name or "corpus",
+                                            self.src_lang, self.tgt_lang, self._given_tokenizer,
+                                            self.preprocess_workers, progress=sys.stderr.isatty())
+            self.name = self.name or self.folder.name
+        return self.folder
 
     def prepare_data(self) -> None:
-        # Lightning runs this on one process per node before setup(): train the tokenizer there
-        # so DDP ranks load it instead of all training it at once (the cache's atomic rename
-        # would make that safe too, only wasteful).
-        self._train_tokenizer()
+        # Lightning runs this once per node before setup(); the cache is also locked, so ranks
+        # that torchrun or SLURM start together still preprocess once.
+        self._open()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:  # idempotent: Lightning calls setup once per stage
             return
-        for split in SPLITS:  # read all three first: a broken test file should fail before training
-            src, tgt, stats = read_parallel(*self.paths[split])
-            self._raw[split] = (src, tgt)
-            self.stats[split] = stats
-        self.tokenizer = self._train_tokenizer()
+        folder = self._open()
+        self.tokenizer = self._given_tokenizer or folder.tokenizer
+        limit = self.max_positions - 1  # room for EOS / BOS
         for split in SPLITS:
-            src, tgt = (self.tokenizer.encode(x) for x in self._raw[split])
+            src, tgt = folder.arrays(split)
+            stats = dict(folder.manifest["splits"][split])
             if split == "train":
-                keep, dropped = filter_by_length(src, tgt, self.max_positions, f"{self.name}/train")
-                self.stats[split]["dropped_long"] = dropped
-                self.datasets[split] = TranslationDataset([src[i] for i in keep],
-                                                          [tgt[i] for i in keep], keep)
+                keep = np.flatnonzero(fits(src.lengths, self.max_positions) & fits(tgt.lengths, self.max_positions))
+                stats["dropped_long"] = len(src) - len(keep)
+                if not len(keep):
+                    shortest = int(np.maximum(src.lengths, tgt.lengths).min()) + 1
+                    raise ConfigError(f"model.max_positions={self.max_positions} drops every one of the {len(src)} "
+                                      f"training pairs of {self.name} (the shortest needs {shortest} positions)")
+                if stats["dropped_long"]:
+                    log.warning("%s/train: dropped %d of %d pairs longer than max_positions=%d (incl. EOS/BOS)",
+                                self.name, stats["dropped_long"], len(src), self.max_positions)
+                self.datasets[split] = PairDataset(src, tgt, keep)
             else:
                 # Never drop held-out pairs: BLEU must cover the whole valid/test set. Over-long
                 # sources are cut to fit the positions (and targets, which only feed the loss;
                 # BLEU uses the untouched references()).
-                src, n_src = truncate(src, self.max_positions)
-                tgt, n_tgt = truncate(tgt, self.max_positions)
-                self.stats[split].update(truncated_src=n_src, truncated_tgt=n_tgt)
-                if n_src or n_tgt:
-                    log.warning("%s/%s: truncated %d sources and %d targets to max_positions=%d",
-                                self.name, split, n_src, n_tgt, self.max_positions)
-                self.datasets[split] = TranslationDataset(src, tgt)
+                stats.update(truncated_src=int((src.lengths > limit).sum()),
+                             truncated_tgt=int((tgt.lengths > limit).sum()))
+                if stats["truncated_src"] or stats["truncated_tgt"]:
+                    log.warning("%s/%s: truncated %d sources and %d targets to max_positions=%d", self.name,
+                                split, stats["truncated_src"], stats["truncated_tgt"], self.max_positions)
+                self.datasets[split] = PairDataset(src, tgt, limit=limit)
+                self._text[split] = (folder.text(split, "src"), folder.text(split, "tgt"))
+            self.stats[split] = stats
         log.info("%s: %s", self.name, self.stats)
 
-    # -- raw text, index-aligned with batch["idx"] --------------------------------------------
+    # -- raw text of the held-out splits, index-aligned with batch["idx"] -----------------------
     def sources(self, split: str) -> list[str]:
-        return self._raw[split][0]
+        return self._held_out(split)[0]
 
     def references(self, split: str) -> list[str]:
-        return self._raw[split][1]
+        return self._held_out(split)[1]
+
+    def _held_out(self, split: str) -> tuple[list[str], list[str]]:
+        if split not in self._text:
+            raise KeyError(f"no text is kept for the {split!r} split (valid and test only)")
+        return self._text[split]
 
     @property
     def num_train_pairs(self) -> int:
@@ -146,32 +188,22 @@ class TranslationDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return None if trainer is None else trainer.current_epoch
 
-    def dataloader(self, split: str) -> DataLoader:
-        """Train: shuffled batches, new order each epoch. Other splits: length-sorted, fixed."""
+    def dataloader(self, split: str) -> BatchLoader:
+        """Train: shuffled batches, new order each epoch, resumable. Other splits: length-sorted, fixed."""
         if not self.datasets:
             self.setup()
-        ds = self.datasets[split]
         num_replicas, rank = self._replicas()
         train = split == "train"
-        sampler = TokenBatchSampler(
-            ds.src_sizes, ds.tgt_sizes,
-            self.max_tokens if train else self.eval_max_tokens,
-            shuffle=train, seed=self.seed, num_replicas=num_replicas, rank=rank,
-            epoch_fn=self._epoch if train else None,
-        )
-        tok = self.tokenizer
-        return DataLoader(
-            ds, batch_sampler=sampler, num_workers=self.num_workers,
-            collate_fn=functools.partial(collate, pad_id=tok.pad_id, bos_id=tok.bos_id,
-                                         eos_id=tok.eos_id),
-            persistent_workers=self.num_workers > 0,
-        )
+        return batch_loader(self.datasets[split], self.max_tokens if train else self.eval_max_tokens,
+                            shuffle=train, seed=self.seed, num_replicas=num_replicas, rank=rank,
+                            epoch_fn=self._epoch if train else None, num_workers=self.num_workers)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> BatchLoader:
         return self.dataloader("train")
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> BatchLoader:
         return self.dataloader("valid")
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> BatchLoader:
         return self.dataloader("test")
+

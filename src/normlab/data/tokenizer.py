@@ -1,19 +1,15 @@
-"""Joint sentencepiece subword model over source + target, trained once per (data, settings)."""
+"""Joint sentencepiece subword model over source + target (trained by preprocessing, stored in the data folder)."""
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
-from normlab.data.corpus import read_lines
+from normlab.data.corpus import CorpusError
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +31,11 @@ def _train_spm(lines: list[str], settings: dict) -> bytes:
         model_type=settings["model_type"],
         character_coverage=settings["character_coverage"],
         pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-        input_sentence_size=0,  # use every line: no sampling, so nothing depends on the RNG
+        input_sentence_size=0,  # every line given: preprocessing drew the sample, reproducibly
         minloglevel=2,  # no per-iteration log spam on stderr
         num_threads=settings["num_threads"],
     )
     return writer.getvalue()
-
-
-def cache_key(lines: list[str], settings: dict) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(settings, sort_keys=True).encode())
-    h.update(spm.__version__.encode())  # another release may segment differently
-    for line in lines:
-        h.update(line.encode("utf-8"))
-        h.update(b"\n")
-    return h.hexdigest()[:20]
 
 
 class Tokenizer:
@@ -66,41 +52,18 @@ class Tokenizer:
                              f"expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}")
 
     @classmethod
-    def train_or_load(
-        cls,
-        train_files: Sequence[str | Path],
-        vocab_size: int,
-        cache_dir: str | Path,
-        model_type: str = "bpe",
-        character_coverage: float = 1.0,
-        seed: int = 1,
-        num_threads: int = 2,
-    ) -> "Tokenizer":
-        """Load cache_dir/<key>/spm.model, training it first if absent. The key hashes the
-        training lines (all files, in order) and every setting except num_threads, which does
-        not change the model."""
-        lines = [line for f in train_files for line in read_lines(f) if line.strip()]
-        settings = {"vocab_size": vocab_size, "model_type": model_type,
-                    "character_coverage": character_coverage, "seed": seed}
-        final = Path(cache_dir) / cache_key(lines, settings)
-        if (final / MODEL_FILE).is_file():
-            log.info("tokenizer: reusing %s", final / MODEL_FILE)
-            return cls.load(final / MODEL_FILE)
-        log.info("tokenizer: training %s on %d lines -> %s", model_type, len(lines), final)
-        proto = _train_spm(lines, {**settings, "num_threads": num_threads})
-        final.parent.mkdir(parents=True, exist_ok=True)
-        # Write into a private temp dir, then rename it into place in one step: a concurrent run
-        # (another DDP rank, another sweep job) sees either no directory or a complete model.
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        (tmp / MODEL_FILE).write_bytes(proto)
-        (tmp / "settings.json").write_text(json.dumps(
-            {**settings, "train_files": [str(f) for f in train_files], "lines": len(lines),
-             "sentencepiece": spm.__version__}, indent=1))
-        try:
-            os.rename(tmp, final)
-        except OSError:  # someone else finished first; theirs is identical (deterministic)
-            shutil.rmtree(tmp, ignore_errors=True)
-        return cls.load(final / MODEL_FILE)
+    def train(cls, lines: Sequence[str], vocab_size: int, model_type: str = "bpe",
+              character_coverage: float = 1.0, seed: int = 1) -> "Tokenizer":
+        """Train on `lines` (all of them: preprocessing draws the bounded sample). The thread
+        count is fixed: sentencepiece stores it in the model, so another count would change the
+        model's bytes (and its sha256, which data folders and checkpoints are matched by)."""
+        log.info("tokenizer: training %s (vocab %d) on %d lines", model_type, vocab_size, len(lines))
+        return cls(_train_spm(lines, {"vocab_size": vocab_size, "model_type": model_type, "seed": seed,
+                                      "character_coverage": character_coverage, "num_threads": 2}))
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self._proto).hexdigest()
 
     @classmethod
     def from_proto(cls, model_proto: bytes) -> "Tokenizer":
@@ -116,7 +79,14 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / MODEL_FILE
-        return cls(path.read_bytes(), path)
+        try:
+            return cls(path.read_bytes(), path)
+        except FileNotFoundError:
+            raise CorpusError(f"{path}: sentencepiece model not found") from None
+        except RuntimeError as e:  # sentencepiece cannot parse it
+            raise CorpusError(f"{path}: not a sentencepiece model ({e})") from None
+        except ValueError as e:  # special ids other than normlab's
+            raise CorpusError(str(e)) from None
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -128,7 +98,6 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
-
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Subword ids without BOS/EOS (collate adds them)."""
