@@ -1,6 +1,7 @@
 """translate / evaluate / average on a trained tiny run, and what the final test reports."""
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, step_checkpoints
 from normlab.checkpoint import load_checkpoint, load_model
-from normlab.commands import average, evaluate, translate
+from normlab.commands import average, evaluate, preprocess, prune, translate
 from normlab.commands.common import main_guard
 from normlab.evaluation import score
 from normlab.train import run
@@ -23,10 +24,21 @@ DECODE = ["--beam", "4", "--lenpen", "0.6", "--max-len-b", "20", "--quiet"]
 SACREBLEU = Path(sys.executable).parent / "sacrebleu"
 
 
+def preprocess_corpus(corpus: dict[str, str], out: Path, vocab_size: int = 300) -> Path:
+    args = [a for s in ("train", "valid", "test") for a in (f"--{s}", corpus[f"{s}_src"], corpus[f"{s}_tgt"])]
+    assert preprocess.main([*args, "--vocab-size", str(vocab_size), "--out", str(out), "--workers", "1", "-q"]) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
 def trained(small_corpus, tmp_path_factory):
+    """A tiny run on a folder written by the preprocess command (data=preprocessed), so every
+    command below reads its splits from the memory-mapped arrays."""
     run_dir = tmp_path_factory.mktemp("cmdrun")
-    cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") + [
+    folder = preprocess_corpus(small_corpus, run_dir.parent / "cmd-bin")
+    overrides = [o for o in tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache") if not o.startswith("data.")]
+    cfg = compose_cfg(overrides + [
+        "data=preprocessed", f"data.path={folder}", "data.max_tokens=512",
         "callbacks.step_checkpoints.every_n_steps=2", "callbacks.step_checkpoints.keep_last_n=3",
         "eval.test_decoder.max_len_b=20"])
     results = run(cfg)
@@ -64,6 +76,34 @@ def test_evaluate_split_reproduces_the_training_scores(trained, tmp_path):
     # the validation decoder is greedy: --beam 1 reproduces test_bleu_greedy
     assert call(evaluate.main, run_dir, "--split", "test", "--output", tmp_path / "g.json", "--beam", "1", "-q") == 0
     assert json.loads((tmp_path / "g.json").read_text())["bleu"] == results["test_bleu_greedy"]
+
+
+def test_prune_reads_the_preprocessed_splits(trained, tmp_path):
+    run_dir, results, _ = trained
+    assert call(prune.main, run_dir, "--strategies", "every_other", "--depths", "1", "--beam", "1",
+                "--max-sentences", "10", "--out", tmp_path / "p", "-q") == 0
+    got = json.loads((tmp_path / "p" / "prune.json").read_text())
+    assert got["sentences"] == {"valid": 10, "test": 10}
+    assert [(r["strategy"], r["kept"]) for r in got["rows"]] == [("full", 2), ("every_other", 1)]
+    assert all(isinstance(r[k], float) for r in got["rows"] for k in ("valid_bleu", "test_bleu", "test_nll"))
+
+
+def test_split_commands_refuse_data_encoded_with_another_tokenizer(trained, tmp_path, capsys):
+    run_dir, _, corpus = trained
+    other = preprocess_corpus(corpus, tmp_path / "other-bin", vocab_size=280)
+    fake = tmp_path / "run"
+    (fake / "checkpoints").mkdir(parents=True)
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", fake / "checkpoints" / "last.ckpt")
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg.data.path = str(other)
+    (fake / ".hydra").mkdir()
+    OmegaConf.save(cfg, fake / ".hydra" / "config.yaml")
+    capsys.readouterr()
+    for main, args in ((evaluate.main, ["--split", "test"]), (prune.main, ["--depths", "1"])):
+        assert call(main, fake / "checkpoints" / "last.ckpt", *args, "--beam", "1", "-q") == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {other / 'spm.model'}: differs from the tokenizer of "
+                              f"{fake / 'checkpoints' / 'last.ckpt'}") and err.count("\n") == 1, err
 
 
 def test_evaluate_refuses_to_overwrite(trained, tmp_path, capsys):

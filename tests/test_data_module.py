@@ -1,8 +1,11 @@
 """TranslationDataModule on a small slice of the bundled corpus (vocab 200: preprocessed in < 1 s)."""
+import json
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +37,11 @@ def make(corpus, **kw):
     dm = TranslationDataModule(**corpus, **{**args, **kw})
     dm.setup("fit")
     return dm
+
+
+def mapped(ds) -> bool:
+    # A pickled np.memmap comes back as an np.memmap without a file: check the file.
+    return all(getattr(a, "filename", None) for side in (ds.src, ds.tgt) for a in (side.tokens, side.lengths))
 
 
 def all_idx(loader):
@@ -87,8 +95,11 @@ def test_epoch_and_ddp_come_from_the_trainer(corpus):
     assert all_idx(loader) == e0
     shards = []
     for rank in (0, 1):
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=0)
-        shards.append(dm.train_dataloader())
+        # what a spawned rank or a DataLoader worker receives: the arrays re-opened by path, not copied
+        rank_dm = pickle.loads(pickle.dumps(dm))
+        assert mapped(rank_dm.datasets["train"])
+        rank_dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=0)
+        shards.append(rank_dm.train_dataloader())
     assert len(shards[0]) == len(shards[1]) == -(-len(loader) // 2)
     a, b = (set(all_idx(s)) for s in shards)
     assert a | b == set(e0)
@@ -161,3 +172,34 @@ def test_lightning_resumes_mid_epoch_with_the_next_batch(corpus, tmp_path):
     first_three = whole.orders[0][:sum(len(b) for b in whole.batches[:3])]
     assert first_three + rest.orders[0] == whole.orders[0]
     assert rest.orders[1] == whole.orders[1]
+
+
+class _ShardRecorder(_Recorder):
+    """Each DDP rank writes the pairs it trained on, and whether they came from a memory map."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def on_train_epoch_end(self):
+        ds = self.trainer.datamodule.datasets["train"]
+        (self.out / f"rank{self.global_rank}.json").write_text(json.dumps({"batches": self.batches,
+                                                                          "mapped": mapped(ds)}))
+
+
+@pytest.mark.slow  # ~6 s alone: two spawned processes import torch and Lightning
+def test_ddp_ranks_read_disjoint_equal_count_shards_from_the_memory_map(corpus, tmp_path):
+    dm = TranslationDataModule(**corpus, vocab_size=200, max_tokens=600, max_positions=64)
+    _fit(dm, _ShardRecorder(tmp_path), max_epochs=1, strategy="ddp_spawn", devices=2, use_distributed_sampler=False)
+    shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(s["mapped"] for s in shards)
+    a, b = ([i for batch in s["batches"] for i in batch] for s in shards)
+    assert len(shards[0]["batches"]) == len(shards[1]["batches"])
+    dm.setup("fit")
+    pairs = dm.num_train_pairs
+    n_batches = dm.train_dataloader().batch_sampler.num_batches
+    assert set(a) | set(b) == set(dm.datasets["train"].rows.tolist()) and len(set(a) | set(b)) == pairs
+    if n_batches % 2 == 0:
+        assert not set(a) & set(b) and len(a) + len(b) == pairs
+    else:  # one batch repeated from the start to even the count
+        assert len(shards[0]["batches"]) == (n_batches + 1) // 2

@@ -55,11 +55,12 @@ class SpmSettings:
 
 def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path, spm: SpmSettings | None = None,
                tokenizer: Tokenizer | None = None, workers: int = 1, progress: bool = False,
-               command: str | None = None, name: str = "corpus", src_lang: str = "src", tgt_lang: str = "tgt",
+               command: str | None = None, name: str | None = None, src_lang: str = "src", tgt_lang: str = "tgt",
                force: bool = False) -> dict:
     """Write the data folder `out` from {split: (source file, target file)}; returns its manifest.
     `tokenizer` given: used as is; else one is trained with `spm`."""
     out = Path(out)
+    name = name or out.name
     if out.exists() and not force:
         raise CorpusError(f"{out}: exists (pass --force to replace it)")
     t0 = time.perf_counter()
