@@ -12,7 +12,7 @@ normlab never downloads data. Fetch the release yourself, unpack it, and run one
 
 Each writes OUT/{train,valid,test}.{src,tgt} (raw, untokenised, one sentence per line: the
 joint BPE is learned by normlab from these files) and prints the `python train.py data=custom ...`
-command that uses them. The splits follow fairseq's prepare-iwslt14.sh / prepare-wmt14en2de.sh:
+command that uses them, and the preprocess command for a large corpus. The splits follow fairseq's prepare-iwslt14.sh / prepare-wmt14en2de.sh:
 IWSLT14 valid = every 23rd training pair (held out), test = tst2010-2012 + dev2010 of TED;
 WMT14 valid = newstest2013, test = newstest2014 (full, 3003 sentences).
 """
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\ntrain on it with:\n  python train.py data=custom " + " ".join(
         f"data.{split}_{side}={o}/{split}.{lang}" for split in ("train", "valid", "test")
         for side, lang in (("src", s), ("tgt", t))) + f" data.src_lang={s} data.tgt_lang={t}")
+    print(f"or, for a large corpus, preprocess it once (README, \"Large corpora\"):\n"
+          f"  python -m normlab.commands.preprocess --trainpref {o}/train --validpref {o}/valid --testpref {o}/test "
+          f"--src-lang {s} --tgt-lang {t} --out {o}-bin\n  python train.py data=preprocessed data.path={o}-bin")
 
 
 if __name__ == "__main__":
