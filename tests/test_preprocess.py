@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from normlab.commands import preprocess as cli
+from normlab.config import ConfigError
 from normlab.data import folder as folder_mod
 from normlab.data import preprocess as pp
 from normlab.data.arrays import ArrayWriter, TokenArray, token_dtype
@@ -226,9 +227,11 @@ def test_data_module_on_a_folder_rejects_another_tokenizer(built):
     dm = TranslationDataModule(path=str(built[0]), tokenizer=other, tokenizer_owner="run/last.ckpt")
     with pytest.raises(CorpusError, match=r"spm\.model: differs from the tokenizer of run/last\.ckpt"):
         dm.setup("test")
-    dm = TranslationDataModule(path=str(built[0]), max_positions=64)
+    dm = TranslationDataModule(path=str(built[0]), max_positions=64, vocab_size=None)
     dm.setup("fit")
     assert dm.name == "bin" and dm.tokenizer.sha256 == built[1]["tokenizer"]["sha256"]
+    with pytest.raises(ConfigError, match="data.vocab_size=8000, but the tokenizer of .* has 300 pieces"):
+        TranslationDataModule(path=str(built[0]), vocab_size=8000).setup("fit")
 
 
 def test_cache_is_reused_keyed_by_settings_and_built_once(texts, tmp_path, monkeypatch):

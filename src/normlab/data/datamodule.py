@@ -66,7 +66,7 @@ class TranslationDataModule(L.LightningDataModule):
         valid_src: str | None = None, valid_tgt: str | None = None,
         test_src: str | None = None, test_tgt: str | None = None,
         path: str | None = None,  # a preprocessed folder, instead of the six text files
-        vocab_size: int | None = 8000,
+        vocab_size: int | None = None,  # None: 8000 for text files; the folder's own with path
         spm_model_type: str = "bpe",
         spm_character_coverage: float = 1.0,
         spm_sample: int = 1_000_000,
@@ -90,6 +90,7 @@ class TranslationDataModule(L.LightningDataModule):
         texts = {"train": (train_src, train_tgt), "valid": (valid_src, valid_tgt), "test": (test_src, test_tgt)}
         self.path = resolve_path(path) if path else None
         self.paths = None if path else {s: tuple(resolve_path(p) for p in pair) for s, pair in texts.items()}
+        self.vocab_size = vocab_size
         self.spm = SpmSettings(vocab_size or 8000, spm_model_type, spm_character_coverage, spm_sample, spm_seed)
         self.max_tokens = max_tokens
         self.eval_max_tokens = eval_max_tokens or 2 * max_tokens
@@ -109,6 +110,10 @@ class TranslationDataModule(L.LightningDataModule):
         if self.folder is None:
             if self.path is not None:
                 self.folder = DataFolder.open(self.path, check_inputs=self.check_inputs)
+                vocab = self.folder.manifest["tokenizer"]["vocab_size"]
+                if self.vocab_size is not None and self.vocab_size != vocab:  # the run would say what did not run
+                    raise ConfigError(f"data.vocab_size={self.vocab_size}, but the tokenizer of {self.path} has "
+                                      f"{vocab} pieces; leave data.vocab_size null with data=preprocessed")
                 if self._given_tokenizer is not None:
                     self.folder.check_tokenizer(self._given_tokenizer, self._owner, (
                         f"python -m normlab.commands.preprocess ... --spm-model <run>/tokenizer/spm.model "

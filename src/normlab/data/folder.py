@@ -175,8 +175,10 @@ def cached_folder(files: dict[str, tuple[str | Path, str | Path]], cache_dir: Pa
                 small = sum(os.path.getsize(p) for p in files["train"]) < 50 << 20
                 workers = 1 if small else min(os.cpu_count() or 1, 8)
             log.info("%s: preprocessing into %s (once; later runs reuse it)", name, folder)
+            # force only replaces a folder without a manifest (never written by preprocess); a
+            # builder on another machine that published first is kept
             preprocess(files, folder, spm, tokenizer, workers=workers, progress=progress, name=name,
-                       src_lang=src_lang, tgt_lang=tgt_lang, force=True)
+                       src_lang=src_lang, tgt_lang=tgt_lang, force=folder.exists())
     return DataFolder.open(folder, check_inputs=False)  # the key already covers the inputs
 
 
