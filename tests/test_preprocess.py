@@ -199,6 +199,9 @@ def test_truncated_missing_or_replaced_files_are_named(built, tmp_path):
     (data / "manifest.json").write_text(json.dumps({**manifest, "format_version": 0}))
     with pytest.raises(CorpusError, match="data folder format 0, this normlab reads 1"):
         DataFolder.open(data)
+    (data / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "arrays"}))
+    with pytest.raises(CorpusError, match=r"manifest\.json: incomplete or malformed \(KeyError: 'arrays'\)"):
+        DataFolder.open(data)
 
 
 def test_a_changed_input_makes_the_folder_stale(texts, tmp_path):

@@ -59,9 +59,12 @@ class DataFolder:
         if manifest.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"{mf}: data folder format {manifest.get('format_version')!r}, this normlab reads "
                               f"{FORMAT_VERSION} {folder.rebuild}")
-        folder._check_files()
-        if check_inputs:
-            folder._check_inputs()
+        try:
+            folder._check_files()
+            if check_inputs:
+                folder._check_inputs()
+        except (KeyError, TypeError, AttributeError) as e:  # a manifest edited by hand or cut short
+            raise CorpusError(f"{mf}: incomplete or malformed ({type(e).__name__}: {e}) {folder.rebuild}") from None
         return folder
 
     @property

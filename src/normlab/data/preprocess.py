@@ -14,6 +14,7 @@ when a run loads the arrays.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import multiprocessing as mp
@@ -157,10 +158,11 @@ def _flat(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray
     return np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())), lengths
 
 
-def _encode_chunk(task: tuple) -> tuple:
+def _encode_chunk(task: tuple, sp=None) -> tuple:
     """One chunk of aligned raw lines -> (src tokens, src lengths, tgt tokens, tgt lengths,
-    pairs dropped as empty, (src text, tgt text) or None)."""
+    pairs dropped as empty, (src text, tgt text) or None). `sp`: the processor, else the worker's."""
     (src_path, src_at, src_raw), (tgt_path, tgt_at, tgt_raw), dtype, keep_text = task
+    sp = sp or _SP
     src = [s.strip() for s in decode_lines(src_raw, src_path, *src_at)]
     tgt = [t.strip() for t in decode_lines(tgt_raw, tgt_path, *tgt_at)]
     keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s and t]
@@ -168,7 +170,7 @@ def _encode_chunk(task: tuple) -> tuple:
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
     dtype = np.dtype(dtype)
     text = ("".join(s + "\n" for s in src), "".join(t + "\n" for t in tgt)) if keep_text else None
-    return (*_flat(_SP.encode(src, out_type=int), dtype), *_flat(_SP.encode(tgt, out_type=int), dtype),
+    return (*_flat(sp.encode(src, out_type=int), dtype), *_flat(sp.encode(tgt, out_type=int), dtype),
             len(src_raw) - len(keep), text)
 
 
@@ -204,11 +206,10 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
     total = sum(infos[split, "src"].lines for split in SPLITS)
     bar = tqdm(total=total, unit="pairs", unit_scale=True, desc="encode", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)
-    pool = None
-    if workers > 1:
+    pool, encode = None, functools.partial(_encode_chunk, sp=tokenizer.sp)
+    if workers > 1:  # spawn: no fork of a process that may hold torch's threads and locks
         pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer.proto,))
-    else:
-        _init_worker(tokenizer.proto)
+        encode = _encode_chunk
     splits, arrays, texts = {}, {}, {}
     try:
         for split in SPLITS:
@@ -218,7 +219,7 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
             dropped = lines = 0
             paths = (Path(files[split][0]), Path(files[split][1]))
             for s_tok, s_len, t_tok, t_len, n_empty, text in _ordered(
-                    _encode_chunk, _tasks(split, paths, dtype.str, keep_text), pool, 2 * workers):
+                    encode, _tasks(split, paths, dtype.str, keep_text), pool, 2 * workers):
                 writers["src"].append(s_tok, s_len)
                 writers["tgt"].append(t_tok, t_len)
                 for side, chunk in zip(SIDES, text or ()):
