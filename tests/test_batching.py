@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from normlab.data.arrays import TokenArray
-from normlab.data.batching import BatchLoader, PairDataset, TokenBatchSampler, batch_by_size
+from normlab.data.batching import BatchLoader, PairDataset, TokenBatchSampler, batch_by_size, length_order
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -155,6 +155,17 @@ def test_vectorised_greedy_equals_the_per_pair_loop(max_tokens):
     order = np.random.default_rng(0).permutation(len(src))
     bounds = batch_by_size(src, tgt, max_tokens, order)
     assert [order[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == greedy_reference(src, tgt, max_tokens, order)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_length_order_is_lexicographic_and_stable(big):
+    src, tgt = (x.numpy() for x in toy_sizes(3000, seed=5))
+    if big:  # sizes past uint16 take the lexsort path
+        src = src * 2000
+    order = np.random.default_rng(1).permutation(len(src))
+    got = length_order(src, tgt, order)
+    rank = {int(i): r for r, i in enumerate(order)}
+    assert [int(i) for i in got] == sorted(order.tolist(), key=lambda i: (src[i], tgt[i], rank[i]))
 
 
 def test_a_pair_over_the_budget_is_named():
