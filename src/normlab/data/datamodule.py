@@ -107,23 +107,24 @@ class TranslationDataModule(L.LightningDataModule):
         self.stats: dict[str, dict] = {}
 
     def _open(self) -> DataFolder:
-        if self.folder is None:
-            if self.path is not None:
-                self.folder = DataFolder.open(self.path, check_inputs=self.check_inputs)
-                vocab = self.folder.manifest["tokenizer"]["vocab_size"]
-                if self.vocab_size is not None and self.vocab_size != vocab:  # the run would say what did not run
-                    raise ConfigError(f"data.vocab_size={self.vocab_size}, but the tokenizer of {self.path} has "
-                                      f"{vocab} pieces; leave data.vocab_size null with data=preprocessed")
-                if self._given_tokenizer is not None:
-                    self.folder.check_tokenizer(self._given_tokenizer, self._owner, (
-                        f"python -m normlab.commands.preprocess ... --spm-model <run>/tokenizer/spm.model "
-                        f"--out NEW_FOLDER, then data.path=NEW_FOLDER"))
-            else:
-                self.folder = cached_folder(self.paths, self.cache_dir, self.spm, self.name or "corpus",
-                                            self.src_lang, self.tgt_lang, self._given_tokenizer,
-                                            self.preprocess_workers, progress=sys.stderr.isatty())
-            self.name = self.name or self.folder.name
-        return self.folder
+        if self.folder is not None:
+            return self.folder
+        if self.path is None:
+            folder = cached_folder(self.paths, self.cache_dir, self.spm, self.name or "corpus", self.src_lang,
+                                   self.tgt_lang, self._given_tokenizer, self.preprocess_workers,
+                                   progress=sys.stderr.isatty())
+        else:
+            folder = DataFolder.open(self.path, check_inputs=self.check_inputs)
+            vocab = folder.manifest["tokenizer"]["vocab_size"]
+            if self.vocab_size is not None and self.vocab_size != vocab:  # the run would report what did not run
+                raise ConfigError(f"data.vocab_size={self.vocab_size}, but the tokenizer of {self.path} has "
+                                  f"{vocab} pieces; leave data.vocab_size null with data=preprocessed")
+            if self._given_tokenizer is not None:
+                folder.check_tokenizer(self._given_tokenizer, self._owner, (
+                    "python -m normlab.commands.preprocess ... --spm-model <run>/tokenizer/spm.model "
+                    "--out NEW_FOLDER, then data.path=NEW_FOLDER"))
+        self.folder, self.name = folder, self.name or folder.name
+        return folder
 
     def prepare_data(self) -> None:
         # Lightning runs this once per node before setup(); the cache is also locked, so ranks
