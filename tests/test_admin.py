@@ -210,3 +210,63 @@ def test_callback_closed_form_writes_json_and_resume_keeps_checkpoint_omega(tmp_
         model.encoder.layers[0].ffn.omega.fill_(7.0)  # as restored from a checkpoint
     AdminInit(mode="closed_form").on_fit_start(SimpleNamespace(**{**vars(trainer), "ckpt_path": "last.ckpt"}), module)
     assert model.encoder.layers[0].ffn.omega[0].item() == 7.0
+
+
+@torch.no_grad()
+def hand_profile_authors(model, src, tgt):
+    """Transformer-Clinic's rule written out: ratio_1 = 1, ratio_{i+1} = √(Var[x·ω_i] + Var[F_i]),
+    variances over every position (pads included); run here without dropout."""
+    omegas = {}
+    vall = lambda t: t.double().var(unbiased=False).item()  # noqa: E731
+    pad_s = src.eq(PAD)
+    x, ratio = model.encoder.embed(src), 1.0
+    for li, layer in enumerate(model.encoder.layers):
+        for name, block, kw in [("self_attn", layer.self_attn, {"key_padding_mask": pad_s}), ("ffn", layer.ffn, {})]:
+            f = block.sublayer(x, **kw)
+            omegas[f"enc.{li}.{name}"] = ratio
+            x, ratio = block.norm(x * ratio + f), math.sqrt(vall(x * ratio) + vall(f))
+    memory, y, ratio = x, model.decoder.embed(tgt), 1.0
+    for li, layer in enumerate(model.decoder.layers):
+        for name, block, args, kw in [("self_attn", layer.self_attn, (), {"causal": True}),
+                                      ("cross_attn", layer.cross_attn, (memory,), {"key_padding_mask": pad_s}),
+                                      ("ffn", layer.ffn, (), {})]:
+            f = block.sublayer(y, *args, **kw)
+            omegas[f"dec.{li}.{name}"] = ratio
+            y, ratio = block.norm(y * ratio + f), math.sqrt(vall(y * ratio) + vall(f))
+    return omegas
+
+
+def test_authors_convention_is_transformer_clinics_rule_with_pads():
+    model = admin_model()
+    for m in model.modules():  # no dropout: the rule itself, deterministic
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    b = make_batch(3, 8, 6, seed=11)
+    report = profile_omega_(model, [b], PAD, convention="authors")
+    expected = hand_profile_authors(model.eval(), b["src"], b["tgt_in"])
+    got = {name: block.omega[0].item() for name, block in model.residual_blocks()}
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert report["dec"]["dec.0.self_attn"]["omega"] == 1.0
+    profile_omega_(model, [b], PAD)
+    paper = {name: block.omega[0].item() for name, block in model.residual_blocks()}
+    assert paper != pytest.approx(got, rel=1e-3)  # pads and the recursion make a difference
+
+
+def test_authors_convention_profiles_with_dropout_on_and_draws_no_layerdrop():
+    model = admin_model(regularizer={"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5})  # dropout 0.3
+    b = make_batch(3, 8, 6, seed=12)
+    draws = model.encoder.layers.draw_state.clone()
+    runs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        report = profile_omega_(model, [b], PAD, convention="authors")
+        runs.append([blk.omega[0].item() for _, blk in model.residual_blocks()])
+        assert len(report["enc"]) == 2 * 2 and len(report["dec"]) == 3 * 3  # no block skipped
+    assert runs[0] != runs[1]  # dropout drew different masks
+    assert torch.equal(model.encoder.layers.draw_state, draws) and model.training
+    torch.manual_seed(1)
+    profile_omega_(model, [b], PAD)
+    first = [blk.omega[0].item() for _, blk in model.residual_blocks()]
+    torch.manual_seed(2)
+    profile_omega_(model, [b], PAD)
+    assert first == [blk.omega[0].item() for _, blk in model.residual_blocks()]  # paper: eval mode

@@ -23,10 +23,14 @@ def tiny(V=11, **kw) -> ModelConfig:
 def model_of(seed=0, V=11, **kw) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
     model = Seq2SeqTransformer(tiny(V, **kw)).eval()
-    with torch.no_grad():  # Admin's ω starts at 1; make it matter
+    with torch.no_grad():  # Admin's ω starts at 1, ReZero's a at 0, DLCL's weights at the mean: make them matter
         for name, p in model.named_parameters():
             if name.endswith("omega"):
                 p.uniform_(0.5, 2.0)
+            elif name.endswith(".scale"):
+                p.uniform_(0.5, 1.0)
+            elif name.endswith("aggregation.weight"):
+                p.add_(torch.rand_like(p) * 0.5)
     return model
 
 
@@ -63,6 +67,14 @@ VARIANTS = {
     "admin-omega": dict(init="admin", norm={"placement": "post"}),
     "layerdrop-drophead": dict(regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3,
                                             "drophead": 0.2}),
+    "deepnorm": dict(norm={"placement": "deepnorm"}),
+    "subln": dict(norm={"placement": "subln"}),
+    "sandwich-rmsnorm": dict(norm={"placement": "sandwich", "type": "rmsnorm"}),
+    "rezero": dict(norm={"placement": "rezero", "type": "none"}),
+    "resi_dual-layerdrop": dict(norm={"placement": "resi_dual"}, regularizer={"decoder_layerdrop": 0.3}),
+    "pre-dyt": dict(norm={"placement": "pre", "type": "dyt"}),
+    "dlcl-pre": dict(norm={"placement": "pre"}, layer_aggregation="dlcl"),
+    "dlcl-post-decoder": dict(layer_aggregation="dlcl", layer_aggregation_stacks="decoder"),
     "untied-wider-decoder": dict(decoder_d_model=24, decoder_heads=3, share_embeddings=False,
                                  learned_positions=True),
 }

@@ -55,8 +55,11 @@ def test_parameter_stats_scalenorm_fixnorm_and_admin():
     stats = parameter_stats(sn)
     assert stats["diag/dec.1.cross_attn/g"] == 1.5
     assert stats["diag/enc.0.ffn/g"] == pytest.approx(4.0)  # √16
-    assert {"diag/enc.final/g", "diag/dec.final/g", "diag/output/g"} <= set(stats)
-    assert len([k for k in stats if k.endswith("/g")]) == 2 * 2 + 2 * 3 + 3
+    assert {"diag/enc.final/g", "diag/dec.final/g"} <= set(stats)
+    assert "diag/output/g" not in stats  # the decoder's final g is the output scale (FixNorm)
+    assert len([k for k in stats if k.endswith("/g")]) == 2 * 2 + 2 * 3 + 2
+    post = parameter_stats(model_of(norm={"type": "scalenorm", "placement": "post", "fixnorm": True}))
+    assert post["diag/output/g"] == pytest.approx(4.0)
     admin = model_of(init="admin")
     with torch.no_grad():
         admin.encoder.layers[1].ffn.omega.copy_(torch.linspace(1.0, 3.0, 16))
@@ -75,3 +78,40 @@ def test_grad_norms_per_sublayer():
     block = model.decoder.layers[0].cross_attn
     expected = torch.sqrt(sum((p.grad ** 2).sum() for p in block.parameters())).item()
     assert norms["diag/dec.0.cross_attn/grad_norm"] == pytest.approx(expected, rel=1e-5)
+
+
+ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"placement": "subln"}},
+        "sandwich": {"norm": {"placement": "sandwich", "type": "scalenorm"}},
+        "rezero": {"norm": {"placement": "rezero", "type": "none"}},
+        "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
+        "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"}}
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_diagnostics_and_probe_see_every_block_of_every_scheme(arm):
+    from normlab.callbacks.diagnostics import RatioHooks
+
+    model = model_of(**ARMS[arm]).train()
+    with torch.no_grad():
+        for _, b in model.residual_blocks():
+            if b.scale is not None:
+                b.scale.fill_(0.5)  # ReZero's a: F matters
+    names = [n for n, _ in model.residual_blocks()]
+    assert len(names) == 2 * 2 + 2 * 3
+    src, tgt = batch()
+    change = output_change(model, src, tgt)
+    assert all(0 < v < float("inf") for v in change.values())
+    hooks = RatioHooks(model)
+    model(src, tgt).logsumexp(-1).mean().backward()
+    ratios = hooks.close()
+    assert set(ratios) == set(names) and all(0 < r < float("inf") for r in ratios.values())
+    assert set(grad_norms(model)) == {f"diag/{n}/grad_norm" for n in names}
+    stats = parameter_stats(model)
+    if arm == "sandwich":
+        assert len([k for k in stats if k.endswith("/g_out")]) == len(names)
+    if arm == "rezero":
+        assert [stats[f"diag/{n}/a"] for n in names] == [0.5] * len(names)
+    if arm == "dyt":
+        assert stats["diag/enc.0.ffn/dyt_alpha"] == 0.5
+    if arm == "resi_dual":
+        assert {"diag/enc.final/g", "diag/dec.final/g"} <= set(stats)

@@ -1,5 +1,7 @@
 """DDP equivalence: 2 CPU processes (gloo) with LayerDrop give the gradients of 1 process over the
-same global batch, skip the same layers, and need no find_unused_parameters."""
+same global batch, skip the same layers, and need no find_unused_parameters; also for the residual
+schemes whose structure differs most (ResiDual's second stream, ReZero's zero-initialised scale,
+DLCL's weight matrix whose upper triangle is never used)."""
 import os
 import socket
 
@@ -14,18 +16,21 @@ from normlab.config import ModelConfig
 from normlab.model.transformer import Seq2SeqTransformer
 
 V, STEPS = 31, 3
-# (p, rates): random skips; learned rates; p = 1, every layer skipped (then the encoder output
-# reaches the loss only through the skipped decoder layers' zero term)
-CASES = {"uniform": (0.5, "uniform"), "learned": (0.5, "learned"), "all_skipped": (1.0, "uniform")}
+# (p, rates, model options): random skips; learned rates; p = 1, every layer skipped (then the
+# encoder output reaches the loss only through the skipped decoder layers' zero term); schemes
+CASES = {"uniform": (0.5, "uniform", {}), "learned": (0.5, "learned", {}), "all_skipped": (1.0, "uniform", {}),
+         "resi_dual": (0.5, "uniform", {"norm": {"placement": "resi_dual"}}),
+         "rezero": (0.5, "uniform", {"norm": {"placement": "rezero", "type": "none"}}),
+         "dlcl_sandwich": (0.0, "uniform", {"norm": {"placement": "sandwich"}, "layer_aggregation": "dlcl"})}
 RATES = tuple(CASES)
 
 
 def make_model(case: str) -> Seq2SeqTransformer:
-    p, rates = CASES[case]
+    p, rates, options = CASES[case]
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=V, d_model=16, encoder_layers=4, decoder_layers=4, encoder_heads=2, decoder_heads=2,
                       encoder_ffn=24, decoder_ffn=24, max_positions=32,
-                      regularizer=dict(encoder_layerdrop=p, decoder_layerdrop=p, layerdrop_rates=rates))
+                      regularizer=dict(encoder_layerdrop=p, decoder_layerdrop=p, layerdrop_rates=rates), **options)
     return Seq2SeqTransformer(cfg)
 
 
@@ -61,7 +66,8 @@ def train(model, batches, rank=0, world=1):
         opt.zero_grad(set_to_none=True)
         (loss / (total / world)).backward()
         grads = torch.cat([p.grad.flatten() for p in inner.parameters()])
-        record.append({"grads": grads.clone(), "kept": (inner.encoder.layers.last_kept, inner.decoder.layers.last_kept)})
+        kept = tuple(getattr(s.layers, "last_kept", list(range(len(s.layers)))) for s in (inner.encoder, inner.decoder))
+        record.append({"grads": grads.clone(), "kept": kept})
         opt.step()
     return record
 
@@ -101,4 +107,4 @@ def test_two_ranks_match_one_process(rates, ddp_records):
         skipped_any |= len(single[step]["kept"][0]) < 4 or len(single[step]["kept"][1]) < 4
         for r in range(2):
             torch.testing.assert_close(ranks[r][step]["grads"], single[step]["grads"], rtol=1e-4, atol=1e-6)
-    assert skipped_any  # otherwise DDP's unused-parameter failure could not show
+    assert skipped_any or CASES[rates][0] == 0  # otherwise DDP's unused-parameter failure could not show

@@ -80,13 +80,13 @@ class Identity(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("placement", ["pre", "post", "deepnorm", "subln", "sandwich", "rezero", "resi_dual"])
 @pytest.mark.parametrize("reg", [{}, {"encoder_layerdrop": 0.2, "decoder_layerdrop": 0.2},
                                  {"encoder_layerdrop": 0.2, "decoder_layerdrop": 0.2, "layerdrop_rates": "learned"}])
 def test_pruned_equals_skipped_forward_and_survives_save_load(placement, reg, tmp_path):
     torch.manual_seed(0)
     c = cfg(**reg)
-    c.norm.placement = placement
+    c.norm.placement, c.norm.type = placement, "none" if placement == "rezero" else "layernorm"
     m = Seq2SeqTransformer(c).eval()
     keep_e, keep_d = [0, 3, 5], [1, 2]  # not consecutive
     pruned = prune(m, keep_e, keep_d)
@@ -108,6 +108,34 @@ def test_pruned_equals_skipped_forward_and_survives_save_load(placement, reg, tm
     assert tok is None and loaded.cfg == pruned.cfg
     assert torch.equal(loaded(src, tgt), out)
     assert sum(p.numel() for p in loaded.parameters()) < sum(p.numel() for p in m.parameters())
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_pruning_a_dlcl_stack_removes_the_layers_from_its_history(placement, tmp_path):
+    # DLCL (Wang et al. 2019): the pruned stack is the DLCL of the kept layers, whose weights are
+    # W's rows and columns of y_0 and the kept layers' outputs, with the kept layers' norms.
+    torch.manual_seed(0)
+    c = ModelConfig(vocab_size=V, d_model=16, encoder_layers=6, decoder_layers=5, encoder_heads=2, decoder_heads=2,
+                    encoder_ffn=24, decoder_ffn=24, max_positions=32, layer_aggregation="dlcl",
+                    norm={"placement": placement})
+    m = Seq2SeqTransformer(c).eval()
+    with torch.no_grad():
+        m.encoder.aggregation.weight.add_(torch.rand(7, 7))  # away from the average
+    keep = [0, 3, 5]
+    pruned = prune(m, keep, [1, 2])
+    agg = pruned.encoder.aggregation
+    idx = [0, 1, 4, 6]
+    torch.testing.assert_close(agg.weight, m.encoder.aggregation.weight[idx][:, idx])
+    assert len(agg.norms) == 3 and agg.weight.shape == (4, 4)
+    for k, kept in enumerate(keep):
+        torch.testing.assert_close(agg.norms[k].weight, m.encoder.aggregation.norms[kept].weight)
+    assert m.encoder.aggregation.weight.shape == (7, 7)  # the original is untouched
+    src = torch.randint(3, V, (2, 6), generator=torch.Generator().manual_seed(2))
+    ref = m.encoder.aggregation.subset(keep)  # the same computation on the original layers
+    x = ref(nn.ModuleList(m.encoder.layers[i] for i in keep), m.encoder.embed(src), src.eq(0))
+    torch.testing.assert_close(pruned.encode(src)[0], m.encoder.final_norm(x))
+    loaded, _ = load_model(save_model(tmp_path / "p.ckpt", pruned, tokenizer_proto=None))
+    torch.testing.assert_close(loaded.encode(src)[0], pruned.encode(src)[0])
 
 
 def test_prune_rejects_bad_subsets():

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
+from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
 from normlab.model.norms import NORMS
 from normlab.model.residual import PLACEMENTS
@@ -46,15 +47,20 @@ def _positive(key: str, value: Any) -> None:
 
 @dataclass
 class NormConfig:
-    type: str = "layernorm"  # layernorm | scalenorm | rmsnorm
-    placement: str = "post"  # post: x = N(x + F(x)); pre: x = x + F(N(x)) and a final N per stack
+    type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | none
+    placement: str = "post"  # model/residual.py: post | pre | deepnorm | subln | sandwich | rezero | resi_dual
     fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
     eps: float = 1e-5
     scale_init: float | None = None  # ScaleNorm g init; None -> sqrt(d) as in the paper
+    dyt_alpha_init: float = 0.5  # DyT's α at init (Zhu et al. 2025's default)
 
     def validate(self) -> None:
         _choice("norm.type", self.type, tuple(NORMS))
         _choice("norm.placement", self.placement, PLACEMENTS)
+        _check((self.type == "none") == (self.placement == "rezero"),
+               f"norm.type={self.type} with norm.placement={self.placement}: ReZero (Bachlechner et al. 2020) "
+               "is the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+        _check(self.dyt_alpha_init > 0, f"norm.dyt_alpha_init={self.dyt_alpha_init!r} must be > 0")
         _check(isinstance(self.fixnorm, bool), f"norm.fixnorm={self.fixnorm!r} must be true or false")
         _check(self.eps > 0, f"norm.eps={self.eps!r} must be > 0")
         _check(self.scale_init is None or self.scale_init > 0,
@@ -103,6 +109,10 @@ class ModelConfig:
     bos_id: int = 1
     eos_id: int = 2
     init: str = "xavier"  # xavier | admin (admin adds a trainable omega to every residual)
+    # How a stack combines its layers (model/aggregation.py): none | dlcl (Wang et al. 2019), on
+    # the encoder, the decoder or both.
+    layer_aggregation: str = "none"
+    layer_aggregation_stacks: str = "both"
     norm: NormConfig = field(default_factory=NormConfig)
     regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
 
@@ -130,9 +140,26 @@ class ModelConfig:
                "model.share_embeddings=true needs model.d_model == model.decoder_d_model")
         _choice("init.name", self.init, INITS)
         _check(self.init != "admin" or self.norm.placement == "post",
-               "init=admin is defined for post-norm models (Liu et al. 2020); set norm.placement=post")
+               f"init=admin with norm.placement={self.norm.placement}: Admin is defined for post-norm models "
+               "(Liu et al. 2020); set norm.placement=post")
+        _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
+        _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
         self.norm.validate()
         self.regularizer.validate()
+        if self.layer_aggregation == "dlcl":
+            self._check_dlcl()
+
+    def _check_dlcl(self) -> None:
+        key = "model.layer_aggregation=dlcl"
+        _check(self.init != "admin", f"init=admin with {key}: Admin's ω profile assumes each sub-layer reads "
+                                     "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
+        _check(self.norm.placement != "resi_dual", f"norm.placement=resi_dual with {key}: ResiDual's dual "
+                                                   "stream is its own cross-layer connection; choose one")
+        for stack in ("encoder", "decoder"):
+            p = getattr(self.regularizer, f"{stack}_layerdrop")
+            _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"),
+                   f"regularizer.{stack}_layerdrop={p} with {key} on the {stack}: a dropped layer's slot in "
+                   "DLCL's weighted history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

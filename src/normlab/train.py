@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("resume"))
         # Ctrl-C / SIGTERM make Lightning return early with trainer.interrupted set: not a result.
         status = "interrupted" if trainer.interrupted else getattr(module, "status", "completed")
-        results.update(status=status, **getattr(module, "divergence", {}))
+        results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
         results.update(_final_scores(cfg, trainer, module, dm))
     finally:
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
@@ -100,8 +100,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _final_scores(cfg: DictConfig, trainer: L.Trainer, module: Seq2SeqModule, dm) -> dict[str, Any]:
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
-    if trainer.interrupted or getattr(module, "status", "completed") != "completed":
-        return {}
+    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stalled"):
+        return {}  # a stalled run trained to the end: it is scored
     ck = trainer.checkpoint_callback
     ckpt = "best" if ck is not None and ck.best_model_path else None
     out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
-from normlab.init.admin import MODES, closed_form_omega_, omega_values, profile_omega_
+from normlab.init.admin import CONVENTIONS, MODES, closed_form_omega_, omega_values, profile_omega_
 
 log = logging.getLogger("normlab")
 
@@ -36,12 +36,15 @@ def broadcast_omega_(model: torch.nn.Module, src: int = 0) -> None:
 
 
 class AdminInit(L.Callback):
-    def __init__(self, mode: str = "profile", batches: int = 4):
+    def __init__(self, mode: str = "profile", batches: int = 4, convention: str = "paper"):
         if mode not in MODES:
             raise ConfigError(f"init.admin.mode={mode!r} is not valid; allowed values: {', '.join(MODES)}")
+        if convention not in CONVENTIONS:
+            raise ConfigError(f"init.admin.convention={convention!r} is not valid; allowed values: "
+                              f"{', '.join(CONVENTIONS)}")
         if not isinstance(batches, int) or batches < 1:
             raise ConfigError(f"init.admin.batches={batches!r} must be a positive integer")
-        self.mode, self.batches = mode, batches
+        self.mode, self.batches, self.convention = mode, batches, convention
         self.report: dict | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -52,7 +55,7 @@ class AdminInit(L.Callback):
             if self.mode == "profile":
                 loader = trainer.datamodule.train_dataloader()
                 batches = list(itertools.islice(iter(loader), self.batches))
-                self.report = profile_omega_(model, batches, pl_module.model_cfg.pad_id)
+                self.report = profile_omega_(model, batches, pl_module.model_cfg.pad_id, self.convention)
             else:
                 self.report = closed_form_omega_(model)
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
@@ -60,6 +63,7 @@ class AdminInit(L.Callback):
         if trainer.is_global_zero:
             out = Path(trainer.default_root_dir) / "admin_omega.json"
             write_json(out, {"mode": self.mode, "batches": self.batches if self.mode == "profile" else 0,
+                             "convention": self.convention if self.mode == "profile" else None,
                              "per_stack": self.report,
                              "omega": {k: v[0] for k, v in omega_values(model).items()}})
             log.info("Admin ω (%s) written to %s", self.mode, out)

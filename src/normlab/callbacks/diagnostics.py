@@ -7,8 +7,11 @@ steps (global steps 0, k, 2k, ...) it writes to every logger, with names that gr
 - ratio       ‖F(x)‖/‖x‖ of the residual on this step's batch: F's output before dropout over the
               block's input, Frobenius norms over the batch (forward hooks that this callback
               registers for the step and removes after it; blocks LayerDrop skipped have none);
-- g           ScaleNorm's scalar g of the block's norm (also `diag/enc.final/g`, `diag/dec.final/g`
-              for pre-norm's final norms and `diag/output/g` for the FixNorm output layer);
+- g           ScaleNorm's scalar g of the block's norm (`g_out`: a sandwich block's second norm;
+              also `diag/enc.final/g`, `diag/dec.final/g` for the stacks' final norms and
+              `diag/output/g` for the FixNorm output layer when it owns its g);
+- dyt_alpha   DyT's scalar α of the block's norm;
+- a           ReZero's scalar;
 - omega_mean / omega_min / omega_max   Admin's ω vector;
 - `diag/output_change/encoder|decoder`: Admin's probe ‖F(x;W) − F(x;W*)‖, W* = W − δ·sign(N(0,1))
   (normlab.probes), on the first training batch of the run, parameters restored exactly.
@@ -21,7 +24,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from normlab.model.norms import ScaleNorm
+from normlab.model.norms import DyT, ScaleNorm
 from normlab.probes import output_change
 
 
@@ -29,15 +32,21 @@ from normlab.probes import output_change
 def parameter_stats(model: nn.Module) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, block in model.residual_blocks():
-        if isinstance(block.norm, ScaleNorm):
-            out[f"diag/{name}/g"] = block.norm.g.item()
+        for key, norm in (("g", block.norm), ("g_out", block.norm_out)):
+            if isinstance(norm, ScaleNorm):
+                out[f"diag/{name}/{key}"] = norm.g.item()
+        if isinstance(block.norm, DyT):
+            out[f"diag/{name}/dyt_alpha"] = block.norm.alpha.item()
+        if block.scale is not None:
+            out[f"diag/{name}/a"] = block.scale.item()
         if block.omega is not None:
             w = block.omega
             out.update({f"diag/{name}/omega_mean": w.mean().item(), f"diag/{name}/omega_min": w.min().item(),
                         f"diag/{name}/omega_max": w.max().item()})
     for key, stack in model.stacks().items():
-        if isinstance(stack.final_norm, ScaleNorm):
-            out[f"diag/{key}.final/g"] = stack.final_norm.g.item()
+        final = getattr(stack.final_norm, "norm", stack.final_norm)  # ResiDual's output holds its norm
+        if isinstance(final, ScaleNorm):
+            out[f"diag/{key}.final/g"] = final.g.item()
     if getattr(model.output_projection, "g", None) is not None:
         out["diag/output/g"] = model.output_projection.g.item()
     return out

@@ -12,9 +12,11 @@ results.json key (seed, status); several keys are joined with commas.
 
 A cell is:
 - `27.31 ± 0.12`: mean ± sample std (ddof 1) of the metric over the completed runs (one run: no ±);
-- `27.31 ± 0.12 (1/3 diverged, 1/3 failed)`: partial divergence / failure: the mean is over the
-  completed runs only, the note says how many of the cell's runs diverged or failed;
-- `diverged 3/3` / `failed 1/1` / `diverged 1/2, failed 1/2`: no completed run;
+- `27.31 ± 0.12 (1/3 diverged, 1/3 failed)`: partial divergence / stall / failure: the mean is over
+  the completed runs only, the note says how many of the cell's runs diverged, stalled or failed
+  (stalled: trained to the end without learning beyond its input-independent floor,
+  normlab/callbacks/stall.py; its scores are in runs.csv, not in the mean);
+- `diverged 3/3` / `stalled 2/2` / `failed 1/1` / `diverged 1/2, failed 1/2`: no completed run;
 - `running 1/2`: a job folder without results.json written to in the last 10 minutes (older: failed);
 - `missing`: an expected cell (observed row values × observed column values) with no run at all;
   with --expect-seeds N, a cell with fewer runs says `(k/N missing)`;
@@ -43,6 +45,7 @@ from normlab.commands.common import CommandError, main_guard
 from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
                                           label, wandb_runs)
 
+OTHER_STATUSES = ("diverged", "stalled", "failed", "running")  # a cell's notes, in this order
 NOT_SETTINGS = ("seed", "data.seed", "name", "group", "tags", "run_dir", "resume", "project")  # differ by design
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file")
 
@@ -65,13 +68,10 @@ def _fmt_num(x: float, digits: int | None) -> str:
 def cell_stats(runs: list[Run], metric: str, expect_seeds: int | None = None, digits: int | None = None) -> dict:
     n = len(runs)
     done = [r for r in runs if r.status == "completed"]
-    diverged = [r for r in runs if r.status == "diverged"]
-    failed = [r for r in runs if r.status == "failed"]
-    running = [r for r in runs if r.status == "running"]
+    groups = {s: [r for r in runs if r.status == s] for s in OTHER_STATUSES}
     values = [v for v in (r.metric(metric) for r in done) if v is not None]
     missing = max(0, expect_seeds - n) if expect_seeds else 0
-    stats = {"n": n, "completed": len(done), "diverged": len(diverged), "failed": len(failed),
-             "running": len(running), "missing": missing,
+    stats = {"n": n, "completed": len(done), **{s: len(g) for s, g in groups.items()}, "missing": missing,
              "values": values, "seeds": sorted({r.results.get("seed") for r in runs}, key=_sort_key),
              "mean": statistics.fmean(values) if values else None,
              "std": statistics.stdev(values) if len(values) > 1 else None}
@@ -82,12 +82,10 @@ def cell_stats(runs: list[Run], metric: str, expect_seeds: int | None = None, di
         base = _fmt_num(stats["mean"], digits)
         if stats["std"] is not None:
             base += f" ± {_fmt_num(stats['std'], digits)}"
-        notes = [f"{len(group)}/{n} {word}" for word, group in
-                 (("diverged", diverged), ("failed", failed), ("running", running)) if group]
+        notes = [f"{len(group)}/{n} {word}" for word, group in groups.items() if group]
     else:
         base = "n/a" if done else ""
-        notes = [f"{word} {len(group)}/{n}" for word, group in
-                 (("diverged", diverged), ("failed", failed), ("running", running)) if group]
+        notes = [f"{word} {len(group)}/{n}" for word, group in groups.items() if group]
     if missing:
         notes.append(f"{missing}/{expect_seeds} missing")
     if base and notes:
@@ -197,12 +195,12 @@ def _shown(path: Path, sources: list[str]) -> str:
 
 def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dict, ptable: list[dict],
                     plots: list[str]) -> str:
-    n = {s: sum(r.status == s for r in runs) for s in ("completed", "diverged", "failed", "running")}
+    n = {s: sum(r.status == s for r in runs) for s in ("completed", *OTHER_STATUSES)}
     missing = sum(c["n"] == 0 for c in table["cells"].values())
     out = [f"# Ablation: {table['metric']} by {', '.join(table['rows'])} × {', '.join(table['cols'])}", "",
-           f"{len(runs)} runs from {', '.join(sources)}: {n['completed']} completed, {n['diverged']} diverged, "
-           f"{n['failed']} failed, {n['running']} running; {missing} of {len(table['cells'])} cells missing. Cells: mean ± std over seeds "
-           "of the completed runs; notes count the cell's diverged / failed runs.", "",
+           f"{len(runs)} runs from {', '.join(sources)}: " + ", ".join(f"{k} {s}" for s, k in n.items())
+           + f"; {missing} of {len(table['cells'])} cells missing. Cells: mean ± std over seeds "
+           "of the completed runs; notes count the cell's diverged / stalled / failed runs.", "",
            markdown_table(table)]
     sigs = signatures(runs, prune)
     out += ["sacreBLEU: " + ("; ".join(f"`{s}`" for s in sigs) if sigs else "(no signature in the results)"), ""]
@@ -214,10 +212,12 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
         out += ["## BLEU after pruning (prune command)", "", prune_markdown(ptable, table["rows"])]
     bad = [r for r in runs if r.status != "completed"]
     if bad:
-        out += ["## Runs that did not complete (diverged, failed, running)", "", "| run | status | detail |", "|---|---|---|"]
+        out += ["## Runs that did not complete (diverged, stalled, failed, running)", "",
+                "| run | status | detail |", "|---|---|---|"]
         for r in bad:
             detail = (f"step {r.results.get('diverged_step')}: {r.results.get('divergence_reason', '')}"
-                      if r.status == "diverged" else (r.error or "").splitlines()[0][:200])
+                      if r.status == "diverged" else r.results.get("stall_reason", "") if r.status == "stalled"
+                      else (r.error or "").splitlines()[0][:200])
             out.append(f"| {_shown(r.path, sources)} | {r.status} | {detail.replace('|', '/')} |")
         out.append("")
     out += [f"![{p}]({p})" for p in plots]
@@ -227,11 +227,11 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
 def cells_csv(table: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow([*table["rows"], *table["cols"], "metric", "n", "completed", "diverged", "failed", "running", "missing",
+    w.writerow([*table["rows"], *table["cols"], "metric", "n", "completed", *OTHER_STATUSES, "missing",
                 "mean", "std", "seeds", "cell"])
     for (rv, cv), c in table["cells"].items():
         w.writerow([*map(_fmt_value, rv), *map(_fmt_value, cv), table["metric"], c["n"], c["completed"],
-                    c["diverged"], c["failed"], c["running"], c["missing"], "" if c["mean"] is None else c["mean"],
+                    *(c[s] for s in OTHER_STATUSES), c["missing"], "" if c["mean"] is None else c["mean"],
                     "" if c["std"] is None else c["std"], " ".join(map(str, c["seeds"])), c["text"]])
     return buf.getvalue()
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from normlab.commands.report_runs import Run, key_of, label
 
 
+LINES = {"diverged": "--", "stalled": ":"}
+
+
 def _plt():
     import matplotlib
 
@@ -36,7 +39,8 @@ def read_curve(run: Run, column: str = "train/loss") -> tuple[list[int], list[fl
 
 
 def curves(path: Path, table: dict, runs: list[Run]) -> bool:
-    """One panel per row value, one colour per column value, one line per seed (dashed: diverged)."""
+    """One panel per row value, one colour per column value, one line per seed (dashed: diverged,
+    dotted: stalled)."""
     data = [(r, *read_curve(r)) for r in runs]
     data = [d for d in data if d[1]]
     if not data:
@@ -55,7 +59,7 @@ def curves(path: Path, table: dict, runs: list[Run]) -> bool:
             cv = key_of(r, table["cols"])
             lab = f"{', '.join(table['cols'])}={label(cv)}" if cv not in seen else None
             seen.add(cv)
-            ax.plot(steps, values, color=colours[cv], lw=1, ls="--" if r.status == "diverged" else "-", label=lab)
+            ax.plot(steps, values, color=colours[cv], lw=1, ls=LINES.get(r.status, "-"), label=lab)
         ax.set_title(f"{', '.join(table['rows'])}={label(rv)}", fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -64,7 +68,7 @@ def curves(path: Path, table: dict, runs: list[Run]) -> bool:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("train loss")
-    fig.suptitle("training loss per arm (one line per seed; dashed: diverged)", fontsize=9)
+    fig.suptitle("training loss per arm (one line per seed; dashed: diverged, dotted: stalled)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -88,10 +92,10 @@ def metric_vs_column(path: Path, table: dict) -> bool:
         if ok:
             xs, ys, es = zip(*ok)
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label(rv))
-        bad = [x for x, c in pts if c["mean"] is None and c["diverged"]]
+        bad = [x for x, c in pts if c["mean"] is None and (c["diverged"] or c["stalled"])]
         if bad:
             ax.scatter(bad, [0.0] * len(bad), marker="x", color="red", zorder=3,
-                       label=None if marked else "diverged (no value)")
+                       label=None if marked else "diverged / stalled (no value)")
             marked = True
     ax.set_xlabel(table["cols"][0])
     ax.set_ylabel(table["metric"])

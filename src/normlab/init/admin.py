@@ -24,6 +24,16 @@ the authors' code, which keeps one running sum per stack):
   so every ω_i sees the same tokens, and the model is in eval mode (no dropout; the authors'
   code profiles with dropout on, which inflates Var[F] by 1/(1−p)).
 - The profiled value is a scalar; it fills the whole vector ω_i, which is then trained.
+
+convention=authors (init.admin.convention) profiles as Transformer-Clinic does
+(LiyuanLucasLiu/Transformer-Clinic, fairseq/modules/transformer_layer.py, init_type
+adaptive-profiling): per stack a running ratio starts at 1; sub-layer i gets ω_i = ratio, then
+ratio = √(Var[x_{i-1}·ω_i] + Var[drop(F_i(x_{i-1}))]), with x_{i-1} the block's input, the
+variances over every position of the batch, pads included (np.var of the whole T×B×C tensor),
+and the model in training mode (dropout on: embedding, attention, activation and residual
+dropout). The authors profile on the first training batch: `init.admin.batches=1` reproduces
+that; with more, the concatenated batches add padding. LayerDrop and DropHead stay off while
+profiling (the authors' code has neither).
 """
 from __future__ import annotations
 
@@ -35,8 +45,11 @@ from torch import nn
 
 from normlab.model.attention import MultiheadAttention
 from normlab.model.norms import RMSNorm, ScaleNorm
+from normlab.regularizers.drophead import DropHead
+from normlab.regularizers.layerdrop import LayerDropModuleList
 
 MODES = ("profile", "closed_form")  # init.admin.mode
+CONVENTIONS = ("paper", "authors")  # init.admin.convention
 
 
 def closed_form_omega(n_sublayers: int) -> float:
@@ -69,14 +82,35 @@ def _var(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def profile_omega_(model: nn.Module, batches: Iterable[dict], pad_id: int) -> dict:
+def profile_omega_(model: nn.Module, batches: Iterable[dict], pad_id: int, convention: str = "paper") -> dict:
     """Set every ω_i by the profiling rule above; returns {name: {"omega", "var_f"}} per stack."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention={convention!r}; allowed values: {', '.join(CONVENTIONS)}")
     _check_admin(model)
     src, tgt_in = _concat(batches, pad_id)
     device = next(model.parameters()).device
     src, tgt_in = src.to(device), tgt_in.to(device)
-    masks = {"enc": src.ne(pad_id), "dec": tgt_in.ne(pad_id)}  # (B, S), (B, T): True = real token
     report: dict = {"enc": {}, "dec": {}}
+    if convention == "authors":
+        handles = _authors_hooks(model, report)
+    else:
+        handles = _paper_hooks(model, report, {"enc": src.ne(pad_id), "dec": tgt_in.ne(pad_id)})
+    was_training = model.training
+    model.train(convention == "authors")  # the authors' dropout; the paper's rule measures F itself
+    for m in model.modules():
+        if isinstance(m, (LayerDropModuleList, DropHead)):
+            m.training = False  # this module only: its layers keep their dropout
+    try:
+        model(src, tgt_in)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return report
+
+
+def _paper_hooks(model: nn.Module, report: dict, masks: dict) -> list:
+    # masks: (B, S), (B, T), True = real token
     total: dict[str, float] = {}
     handles = []
 
@@ -104,15 +138,33 @@ def profile_omega_(model: nn.Module, batches: Iterable[dict], pad_id: int) -> di
         for k, (name, block) in enumerate(stack.residual_blocks(key)):
             handles.append(block.register_forward_pre_hook(before_block(key, name, k == 0)))
             handles.append(block.sublayer.register_forward_hook(after_sublayer(key, name)))
-    was_training = model.training
-    model.eval()
-    try:
-        model(src, tgt_in)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    return report
+    return handles
+
+
+def _authors_hooks(model: nn.Module, report: dict) -> list:
+    ratio = {"enc": 1.0, "dec": 1.0}
+    var_in: dict[str, float] = {}
+    handles = []
+
+    def before_block(key, name):
+        def hook(module, args):
+            module.omega.fill_(ratio[key])
+            var_in[key] = (args[0] * module.omega).double().var(unbiased=False).item()  # pads included
+            report[key][name] = {"omega": ratio[key], "var_in": var_in[key]}
+        return hook
+
+    def after_dropout(key, name):
+        def hook(module, args, out):
+            v = out.double().var(unbiased=False).item()
+            ratio[key] = math.sqrt(var_in[key] + v)
+            report[key][name]["var_f"] = v
+        return hook
+
+    for key, stack in model.stacks().items():
+        for name, block in stack.residual_blocks(key):
+            handles.append(block.register_forward_pre_hook(before_block(key, name)))
+            handles.append(block.dropout.register_forward_hook(after_dropout(key, name)))
+    return handles
 
 
 @torch.no_grad()

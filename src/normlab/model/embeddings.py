@@ -90,17 +90,23 @@ class OutputProjection(nn.Module):
     # matrix. Untied: a (V, D) table of its own, initialised like an embedding (fairseq).
     # FixNorm (Nguyen & Salazar 2019): logits = g · (w·x) / (‖w‖‖x‖) with a learned scalar g,
     # initialised to √d. In the authors' code g is the g of the final ScaleNorm of their pre-norm
-    # decoder (ScaleNorm(embed_dim ** 0.5)) applied before x @ normalize(E)ᵀ; normalising x here
-    # and keeping g in this module gives the same function for every norm type and placement.
-    def __init__(self, vocab_size: int, d: int, tied: TokenEmbedding | None, fixnorm: bool = False):
+    # decoder (ScaleNorm(embed_dim ** 0.5)) applied before x @ normalize(E)ᵀ. So with
+    # `scaled_input` (the decoder ends in a ScaleNorm: x = g·x̂/‖x̂‖ already) the logits are
+    # x @ normalize(E)ᵀ and that norm's g is the output scale, as the authors'; normalising x again
+    # would leave that g without gradient. Otherwise (post-norm, other norm types, ResiDual's
+    # output) this module normalises x and owns g: the same function.
+    def __init__(self, vocab_size: int, d: int, tied: TokenEmbedding | None, fixnorm: bool = False,
+                 scaled_input: bool = False):
         super().__init__()
         self.tied = tied
         self.untied = None if tied is not None else nn.Embedding(vocab_size, d)
         self.fixnorm = fixnorm
-        self.g = nn.Parameter(torch.tensor(math.sqrt(d))) if fixnorm else None
+        self.g = nn.Parameter(torch.tensor(math.sqrt(d))) if fixnorm and not scaled_input else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.tied.weight if self.tied is not None else self.untied.weight  # (V, D)
         if not self.fixnorm:
             return F.linear(x, weight)  # (B, T, V)
+        if self.g is None:
+            return F.linear(x, F.normalize(weight, dim=-1))  # x = g·x̂/‖x̂‖ from the final ScaleNorm
         return self.g * F.linear(F.normalize(x, dim=-1), F.normalize(weight, dim=-1))

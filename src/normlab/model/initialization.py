@@ -13,6 +13,8 @@ dependent ω (normlab.init.admin) works on a built model and imports the model, 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -32,4 +34,58 @@ def xavier_init_(model: nn.Module) -> nn.Module:
             nn.init.normal_(module.weight, mean=0.0, std=module.embedding_dim ** -0.5)
             if module.padding_idx is not None:
                 module.weight[module.padding_idx].zero_()
+    return model
+
+
+# ---- the residual schemes' own initialisation ---------------------------------------------
+# N encoder layers, M decoder layers. Both schemes scale Xavier-initialised weights of the value
+# and output projections of attention and of both FFN layers (never q, k): torchscale
+# (microsoft/torchscale, architecture/encoder.py and decoder.py) multiplies or divides the weights
+# (and biases, zero here) of `fc1`, `fc2`, `out_proj`, `v_proj` after the default init. The papers'
+# pseudo-code uses xavier_normal_(gain); ours is xavier_uniform_ × gain, the same variance.
+
+def deepnorm_constants(n_enc: int, n_dec: int) -> dict[str, tuple[float, float]]:
+    """{stack: (α, β)} of DeepNet (Wang et al. 2022, encoder-decoder): encoder α = 0.81·(N⁴M)^(1/16),
+    β = 0.87·(N⁴M)^(−1/16); decoder α = (3M)^(1/4), β = (12M)^(−1/4). torchscale divides by
+    (N⁴M)^(1/16)/1.15 for the encoder β: 1/1.15 = 0.8696, 0.04% from the paper's 0.87, which we use."""
+    nm = (n_enc ** 4 * n_dec) ** (1 / 16)
+    return {"encoder": (0.81 * nm, 0.87 / nm), "decoder": ((3 * n_dec) ** 0.25, (12 * n_dec) ** -0.25)}
+
+
+def subln_gains(n_enc: int, n_dec: int) -> dict[str, float]:
+    """{stack: γ} of Sub-LN (Wang et al. 2022, Magneto, encoder-decoder): encoder
+    γ = √(log(3M)·log(2N)/3), decoder γ = √(log 3M)."""
+    return {"encoder": math.sqrt(math.log(3 * n_dec) * math.log(2 * n_enc) / 3),
+            "decoder": math.sqrt(math.log(3 * n_dec))}
+
+
+@torch.no_grad()
+def scale_branches_(stack: nn.Module, gain: float, cross: bool) -> None:
+    """Multiply v_proj, out_proj (attention) and fc1, fc2 (FFN) weights and biases of every residual
+    block of `stack` by `gain`; cross-attention too if `cross` (DeepNet: yes; Sub-LN: torchscale's
+    decoder skips `encoder_attn`, and so do we)."""
+    for _, block in stack.residual_blocks(""):
+        sub = block.sublayer
+        if getattr(sub, "kind", None) == "cross" and not cross:
+            continue
+        names = ("v_proj", "out_proj") if hasattr(sub, "v_proj") else ("fc1", "fc2")
+        for name in names:
+            lin = getattr(sub, name)
+            lin.weight.mul_(gain)
+            if lin.bias is not None:
+                lin.bias.mul_(gain)
+
+
+def init_model_(model: nn.Module) -> nn.Module:
+    """The model's initialisation: Xavier (above), then the placement's own scaling."""
+    xavier_init_(model)
+    cfg = model.cfg
+    if cfg.norm.placement == "deepnorm":
+        constants = deepnorm_constants(cfg.encoder_layers, cfg.decoder_layers)
+        for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+            scale_branches_(stack, constants[key][1], cross=True)
+    elif cfg.norm.placement == "subln":
+        gains = subln_gains(cfg.encoder_layers, cfg.decoder_layers)
+        for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+            scale_branches_(stack, gains[key], cross=False)
     return model

@@ -1,7 +1,9 @@
 """Normalisation layers chosen by name (design rule 2: the norm is an injected module).
 
 LayerNorm is torch's own. ScaleNorm follows Nguyen & Salazar 2019 ("Transformers without
-Tears", eq. for ScaleNorm); RMSNorm follows Zhang & Sennrich 2019.
+Tears", eq. for ScaleNorm); RMSNorm follows Zhang & Sennrich 2019; DyT follows Zhu et al. 2025
+("Transformers without Normalization"). `none` is the identity: ReZero (Bachlechner et al. 2020)
+has no norm at all (norm.placement=rezero, the only placement that takes it).
 """
 from __future__ import annotations
 
@@ -43,10 +45,30 @@ class RMSNorm(nn.Module):
         return f"d={self.d}, eps={self.eps}"
 
 
+class DyT(nn.Module):
+    # Zhu et al. 2025: DyT(x) = γ ⊙ tanh(α·x) + β, α one learned scalar (init 0.5, the paper's default
+    # and the authors' DynamicTanh(alpha_init_value=0.5)), γ = 1 and β = 0 vectors of size d. No
+    # statistics of x are computed: a drop-in for every norm (norm.type=dyt).
+    def __init__(self, d: int, alpha_init: float = 0.5):
+        super().__init__()
+        self.d = d
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha * x) * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}"
+
+
 NORMS: dict[str, type[nn.Module]] = {
     "layernorm": nn.LayerNorm,
     "scalenorm": ScaleNorm,
     "rmsnorm": RMSNorm,
+    "dyt": DyT,
+    "none": nn.Identity,
 }
 
 
@@ -54,4 +76,8 @@ def build_norm(cfg, d: int) -> nn.Module:
     # cfg: a NormConfig (normlab.config), which imports NORMS from here for its choice list.
     if cfg.type == "scalenorm":
         return ScaleNorm(d, eps=cfg.eps, scale_init=cfg.scale_init)
+    if cfg.type == "dyt":
+        return DyT(d, alpha_init=cfg.dyt_alpha_init)
+    if cfg.type == "none":
+        return nn.Identity()
     return NORMS[cfg.type](d, eps=cfg.eps)

@@ -1,8 +1,10 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) built from a ModelConfig alone.
 
 Norm type and placement are injected through ResidualBlock (residual.py); layers sit in an
-`nn.ModuleList` called `layers` and are run by `for layer in self.layers`, so LayerDrop (Fan et al.
-2019) can swap in a ModuleList whose iterator skips layers without touching these loops.
+`nn.ModuleList` called `layers`, run by the stack's `aggregation` (aggregation.py: one after the
+other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al. 2019) can swap in a ModuleList
+whose iterator skips layers without touching the loops. A stack is: embed -> stream_in (identity,
+or ResiDual's second stream) -> layers -> final_norm (placement-dependent, residual.py).
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from typing import TYPE_CHECKING
 from normlab.model.attention import IncrementalCache, MultiheadAttention
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
-from normlab.model.initialization import xavier_init_
-from normlab.model.norms import build_norm
-from normlab.model.residual import ResidualBlock, final_norm
+from normlab.model.aggregation import build_aggregation
+from normlab.model.initialization import deepnorm_constants, init_model_
+from normlab.model.norms import ScaleNorm, build_norm
+from normlab.model.residual import ResidualBlock, final_norm, stream_input
 from normlab.regularizers.drophead import DropHead
 from normlab.regularizers.layerdrop import layer_list
 
@@ -42,26 +45,41 @@ class FeedForward(nn.Module):
         return self.fc2(self.inner_norm(self.dropout(F.relu(self.fc1(x)))))
 
 
-def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int) -> ResidualBlock:
-    # Admin (Liu et al. 2020) adds a trainable ω to every residual branch.
-    return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, cfg.norm.placement, cfg.dropout,
-                         omega=cfg.init == "admin")
+def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str) -> ResidualBlock:
+    # Admin (Liu et al. 2020) adds a trainable ω to every residual branch; DeepNorm scales the skip
+    # by its α; sandwich has a second norm on the branch output.
+    n = cfg.norm
+    alpha = deepnorm_constants(cfg.encoder_layers, cfg.decoder_layers)[stack][0] if n.placement == "deepnorm" else 1.0
+    return ResidualBlock(sublayer, build_norm(n, d), d, n.placement, cfg.dropout, omega=cfg.init == "admin",
+                         alpha=alpha, norm_out=build_norm(n, d) if n.placement == "sandwich" else None)
+
+
+def _inner_norm(cfg: ModelConfig, d: int) -> nn.Module | None:
+    # Sub-LN (Wang et al. 2022): a norm inside the sub-layer, before its last linear map.
+    return build_norm(cfg.norm, d) if cfg.norm.placement == "subln" else None
 
 
 def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int | None = None) -> MultiheadAttention:
     # Scheduled DropHead (Zhou et al. 2020) on the attention kinds switched on; its rate is set
     # every step by the schedule callback. p = 0: no module at all (nn.Identity).
+    # Sub-LN's inner norm only in self-attention: torchscale's MultiheadAttention builds
+    # inner_attn_ln `if subln and self.self_attention`, so cross-attention has none.
     reg = cfg.regularizer
     drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
+    inner = _inner_norm(cfg, d) if kind != "cross" else None
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
-                              drophead=drophead)
+                              drophead=drophead, inner_norm=inner)
+
+
+def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
+    return FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn))
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d)
-        self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder")
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder")
 
     def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         x = self.self_attn(x, key_padding_mask=src_pad_mask)
@@ -71,10 +89,10 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d)
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d, "decoder")
         # Queries come from the decoder, keys and values from the encoder output (Vaswani 3.2.3).
-        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d)
-        self.ffn = _residual(cfg, FeedForward(d, ffn, cfg.activation_dropout), d)
+        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d, "decoder")
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder")
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 cache: IncrementalCache | None = None) -> torch.Tensor:
@@ -102,17 +120,18 @@ class Encoder(_Stack):
         d = cfg.d_model
         self.pad_id = cfg.pad_id
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
+        self.stream_in = stream_input(cfg.norm.placement)
         reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
         self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
                                   for _ in range(cfg.encoder_layers)), reg.encoder_layerdrop,
                                  reg.layerdrop_rates, salt=1)
+        self.aggregation = build_aggregation(cfg, "encoder", cfg.encoder_layers, d)
         self.final_norm = final_norm(cfg.norm, d)
 
     def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
-        x = self.embed(src)  # (B, S, D)
-        for layer in self.layers:
-            x = layer(x, src_pad_mask)
+        x = self.stream_in(self.embed(src))  # (B, S, D); ResiDual: (2, B, S, D)
+        x = self.aggregation(self.layers, x, src_pad_mask)
         return self.final_norm(x), src_pad_mask
 
 
@@ -121,10 +140,12 @@ class Decoder(_Stack):
         super().__init__()
         d = cfg.decoder_d_model
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
+        self.stream_in = stream_input(cfg.norm.placement)
         reg = cfg.regularizer
         self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
                                   for _ in range(cfg.decoder_layers)), reg.decoder_layerdrop,
                                  reg.layerdrop_rates, salt=2)
+        self.aggregation = build_aggregation(cfg, "decoder", cfg.decoder_layers, d)
         self.final_norm = final_norm(cfg.norm, d)
 
     def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
@@ -132,9 +153,8 @@ class Decoder(_Stack):
         # Target padding needs no mask: pads sit after the real tokens and the causal mask already
         # hides later positions; outputs at pad positions are ignored by the loss.
         offset = 0 if cache is None else cache.length
-        x = self.embed(tgt_in, offset)  # (B, T, D_dec)
-        for layer in self.layers:
-            x = layer(x, memory, src_pad_mask, cache)
+        x = self.stream_in(self.embed(tgt_in, offset))  # (B, T, D_dec); ResiDual: (2, B, T, D_dec)
+        x = self.aggregation(self.layers, x, memory, src_pad_mask, cache)
         if cache is not None:
             cache.length += tgt_in.size(1)
         return self.final_norm(x)
@@ -151,8 +171,10 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder = Encoder(cfg, enc_tokens)
         self.decoder = Decoder(cfg, dec_tokens)
         tied = dec_tokens if cfg.tie_output_embeddings else None
-        self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm)
-        xavier_init_(self)
+        # FixNorm: a decoder that ends in a ScaleNorm hands over g·x/‖x‖, whose g is the output scale.
+        scaled = isinstance(self.decoder.final_norm, ScaleNorm)
+        self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled)
+        init_model_(self)
 
     @classmethod
     def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":

@@ -1,0 +1,101 @@
+"""A run that trains without learning anything about its input is a result: `status: stalled`.
+
+The failure this records: deep post-norm at 9+9 layers (experiments/norm_depth) neither diverges
+nor learns: its training loss goes flat at ~6.6 while its peers fall to ~5.7, and it decodes every
+sentence to the same output. 6.53 is the lowest loss any model that ignores its input can reach on
+that data, the *input-independent floor* L*:
+
+    t̄ = the label-smoothed target distribution averaged over the training tokens
+      = (1−ε)·p + ε/V           (uniform convention; p the unigram distribution of the targets)
+      = (1−ε)·p + ε·(1−p)/(V−1) (fairseq convention)
+    L* = −Σ_v t̄_v log t̄_v       (the smoothed cross-entropy of the best constant prediction, q = t̄)
+
+Criterion, decided when training ends (trainer.fit returns), with `w` = window, `k` = patience:
+  stalled  <=>  at least after_step + k + w steps were trained, and
+                mean(loss of the last w steps) > L* − margin          (no better than ignoring the input)
+                mean(loss of the w steps ending k steps earlier) − mean(last w) < min_delta
+                                                                        (and no longer improving).
+The loss is the training loss of each step (label-smoothed, per target token; under DDP the means
+and the token counts are reduced over ranks). p is counted from the targets of the batches this run
+trained on. A stalled run keeps its scores (it is scored like a completed one) and results.json
+gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
+`stall_reason`; the report counts it like a diverged run. Off: `callbacks.stall.margin: null`.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import lightning as L
+import torch
+
+
+def input_independent_loss(counts: torch.Tensor, eps: float, convention: str = "uniform") -> float:
+    """L* for target-token counts (V,), label smoothing eps with the losses.py convention."""
+    counts = counts.double()
+    V = counts.numel()
+    p = counts / counts.sum().clamp(min=1.0)
+    t = (1 - eps) * p + (eps / V if convention == "uniform" else eps * (1 - p) / (V - 1))
+    return float(-(t * t.clamp(min=1e-300).log()).sum())
+
+
+def is_stalled(losses: list[float], floor: float, window: int, patience: int, margin: float,
+               min_delta: float) -> str | None:
+    """The reason the loss curve (the steps after after_step) is a stall, else None."""
+    if len(losses) < window + patience:
+        return None
+    last = sum(losses[-window:]) / window
+    before = sum(losses[-window - patience:-patience]) / window
+    if last > floor - margin and before - last < min_delta:
+        return (f"train loss flat at {last:.3f} (−{before - last:.3f} in {patience} steps), above the "
+                f"input-independent floor {floor:.3f} − {margin}")
+    return None
+
+
+class StallGuard(L.Callback):
+    def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
+                 min_delta: float = 0.05, after_step: int = 0):
+        if window < 1 or patience < 1:
+            raise ValueError(f"callbacks.stall.window={window!r} and patience={patience!r} must be >= 1")
+        self.window, self.patience, self.margin, self.min_delta = window, patience, margin, min_delta
+        self.after_step = after_step
+        self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
+        self.counts: torch.Tensor | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.margin is None:
+            return
+        tgt = batch["tgt_out"]
+        tokens = tgt[tgt.ne(pl_module.model_cfg.pad_id)]
+        if self.counts is None:
+            self.counts = torch.zeros(pl_module.model_cfg.vocab_size, dtype=torch.long, device=tgt.device)
+        self.counts = self.counts.to(tgt.device)  # after a resume: from the checkpoint's CPU copy, once
+        self.counts += torch.bincount(tokens, minlength=self.counts.numel())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self.margin is not None and trainer.global_step > self.after_step and isinstance(loss, torch.Tensor):
+            self.losses.append(loss.detach().float())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.margin is None or self.counts is None or getattr(pl_module, "status", "completed") != "completed":
+            return
+        o = getattr(pl_module, "optim_cfg", {})
+        counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum")
+        floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
+                                       o.get("label_smoothing_convention", "uniform"))
+        losses = trainer.strategy.reduce(torch.stack(list(self.losses)), reduce_op="mean").tolist() if self.losses else []
+        reason = is_stalled(losses, floor, self.window, self.patience, self.margin, self.min_delta)
+        if reason and all(math.isfinite(x) for x in losses):
+            pl_module.status = "stalled"
+            pl_module.stall = {"stall_loss": sum(losses[-self.window:]) / self.window,
+                               "input_independent_loss": floor, "stall_reason": reason}
+            pl_module.print(f"training stalled: {reason}")
+
+    def state_dict(self) -> dict:
+        return {"losses": [float(x) for x in self.losses],
+                "counts": None if self.counts is None else self.counts.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses.extend(torch.tensor(x) for x in state.get("losses", []))
+        self.counts = state.get("counts")

@@ -1,0 +1,84 @@
+"""status "stalled": the input-independent floor by value, the criterion on curves, and a real run
+made to stall (no learning: lr ~ 0) next to one that learns; the report shows it like "diverged"."""
+import json
+
+import pytest
+import torch
+
+from normlab.callbacks.stall import input_independent_loss, is_stalled
+from normlab.commands import report
+from normlab.commands.report_runs import find_runs
+from normlab.losses import label_smoothed_nll
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides
+
+PAD = 0
+
+
+@pytest.mark.parametrize("convention", ["uniform", "fairseq"])
+def test_floor_is_the_loss_of_the_best_constant_prediction(convention):
+    g = torch.Generator().manual_seed(0)
+    V, eps = 11, 0.1
+    targets = torch.multinomial(torch.tensor([0.0] + [2.0 ** -k for k in range(V - 1)]), 4000, True, generator=g)
+    counts = torch.bincount(targets, minlength=V)
+    floor = input_independent_loss(counts, eps, convention)
+
+    def constant_loss(q):  # a model that predicts q whatever its input
+        logits = q.log().expand(len(targets), V)[None]
+        return label_smoothed_nll(logits, targets[None], eps, pad_id=-1, convention=convention)[0].item() / len(targets)
+
+    p = counts.double() / counts.sum()
+    tbar = (1 - eps) * p + (eps / V if convention == "uniform" else eps * (1 - p) / (V - 1))
+    assert constant_loss(tbar.float()) == pytest.approx(floor, rel=1e-5)
+    for other in (p * 0.98 + 0.02 / V, torch.full((V,), 1.0 / V), tbar.roll(1)):
+        assert constant_loss(other.float()) > floor  # t̄ is the best constant prediction
+
+
+def test_criterion_on_curves():
+    floor, kw = 6.5, dict(window=10, patience=20, margin=0.25, min_delta=0.05)
+    flat_high = [6.6 + 0.01 * (-1) ** i for i in range(40)]
+    assert "flat at 6.6" in is_stalled(flat_high, floor, **kw)
+    falling = [8.0 - 0.05 * i for i in range(40)]  # above the floor but still learning
+    assert is_stalled(falling, floor, **kw) is None
+    converged = [5.7] * 40  # flat, far below the floor: a converged peer
+    assert is_stalled(converged, floor, **kw) is None
+    assert is_stalled(flat_high[:29], floor, **kw) is None  # too few steps to decide
+
+
+STALL = ["callbacks.stall.window=4", "callbacks.stall.patience=8", "callbacks.stall.after_step=0",
+         "trainer.max_steps=16", "eval.valid_bleu=false", "eval.test=false"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(small_corpus, tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    out = {}
+    for name, lr in (("stalled", "1e-12"), ("learning", "3e-3")):
+        run_dir = tmp_path_factory.mktemp(name)
+        out[name] = (run_dir, run(compose_cfg(tiny_overrides(small_corpus, run_dir, cache) + STALL
+                                              + [f"optim.lr={lr}", "optim.warmup=1"])))
+    return out
+
+
+def test_a_run_that_learns_nothing_is_recorded_as_stalled(two_runs):
+    run_dir, results = two_runs["stalled"]
+    saved = json.loads((run_dir / "results.json").read_text())
+    assert saved["status"] == results["status"] == "stalled"
+    assert saved["stall_loss"] > saved["input_independent_loss"] - 0.25
+    assert "flat" in saved["stall_reason"] and saved["steps"] == 16
+    assert saved["valid_loss"] is not None  # scored like a completed run
+    learned_dir, learned = two_runs["learning"]
+    assert learned["status"] == "completed" and "stall_reason" not in learned
+
+
+def test_report_shows_stalled_like_diverged(two_runs):
+    runs = find_runs([str(two_runs["stalled"][0]), str(two_runs["learning"][0])])
+    assert sorted(r.status for r in runs) == ["completed", "stalled"]
+    table = report.build_table(runs, ["status"], ["seed"], "valid_loss")
+    stalled = [c for (rv, _), c in table["cells"].items() if rv == ("stalled",)][0]
+    assert stalled["text"] == "stalled 1/1" and stalled["mean"] is None
+    both = report.cell_stats(runs, "valid_loss")
+    assert both["text"].endswith("(1/2 stalled)") and both["completed"] == 1
+    md = report.render_markdown(table, runs, [], {}, [], [])
+    assert "| stalled | train loss flat at" in md.replace(str(two_runs["stalled"][0]), "")
