@@ -1,6 +1,7 @@
 """The residual and normalization schemes: each forward against its formula with hand-set weights,
 each initialisation against its paper's constants, impossible combinations refused by key."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,3 +227,27 @@ def test_possible_combinations_build():
     tiny(layer_aggregation="dlcl", layer_aggregation_stacks="encoder", regularizer={"decoder_layerdrop": 0.2})
     tiny(norm={"placement": "rezero", "type": "none", "fixnorm": True}, layer_aggregation="dlcl")
     tiny(norm={"placement": "deepnorm", "type": "dyt"}, regularizer={"encoder_layerdrop": 0.3, "drophead": 0.2})
+
+
+ARMS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "arm").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_arm_file_builds_trains_a_step_and_decodes(arm):
+    from normlab.config import model_config_from_hydra
+    from normlab.decoding.greedy import greedy_decode
+
+    from conftest import compose_cfg
+
+    cfg = compose_cfg([f"+arm={arm}", "model.d_model=16", "model.encoder_ffn=24", "model.decoder_ffn=24",
+                       "model.encoder_layers=2", "model.decoder_layers=2"])
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(model_config_from_hydra(cfg, vocab_size=V))
+    src, tgt = batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    loss = nn.functional.cross_entropy(model(src, tgt).flatten(0, 1), tgt.roll(-1, 1).flatten())
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and model(src, tgt).isfinite().all()
+    out = greedy_decode(model.eval(), src, max_len_a=0.0, max_len_b=4)
+    assert len(out) == 3 and all(len(h) <= 4 for h in out)

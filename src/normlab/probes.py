@@ -4,8 +4,10 @@ O(log N).
 
 W* = W − δ·sign(ε), ε ~ N(0, 1) per entry (papers.md: "perturb weights by −1e-4·sign(N(0,1))"),
 for every parameter; the change is ‖F(x; W) − F(x; W*)‖₂ over the whole batch at the encoder
-output and at the decoder output (final hidden states, before the tied output projection; both
-stacks end in a norm, so the outputs have comparable scale in every variant). Evaluated in eval
+output and at the decoder output (final hidden states, before the tied output projection). Most
+schemes end each stack in a norm, so their outputs have comparable scale; ReZero (no norm), DyT
+(bounded, not normalised) and ResiDual (two streams added) do not: compare those by the change
+relative to ‖F(x; W)‖ (experiments/norm_depth/output_change.py reports both). Evaluated in eval
 mode (no dropout); the parameters are restored exactly (copied back, not re-added).
 Pure torch: used by the diagnostics callback and by experiments/norm_depth/output_change.py.
 """
