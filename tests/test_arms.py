@@ -201,6 +201,13 @@ def test_fixnorm_output_scale_is_the_final_scalenorm_g_and_gets_a_gradient():
     assert model.decoder.final_norm.g.grad.abs().item() > 1e-3
     post = Seq2SeqTransformer(tiny(norm={"placement": "post", "type": "scalenorm", "fixnorm": True}))
     assert post.output_projection.g is not None  # no final ScaleNorm: the output layer owns g
+    # a checkpoint from before: output_projection.g was the output scale, the final g had no effect
+    old = {k: v for k, v in model.state_dict().items()}
+    old["decoder.final_norm.g"] = torch.tensor(7.0)
+    old["output_projection.g"] = torch.tensor(3.0)
+    model.load_state_dict(old)
+    assert model.decoder.final_norm.g.item() == 3.0
+    torch.testing.assert_close(model(src, tgt), 3.0 * cos)
 
 
 # ---- impossible combinations -------------------------------------------------------------------

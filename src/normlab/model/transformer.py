@@ -160,6 +160,15 @@ class Decoder(_Stack):
         return self.final_norm(x)
 
 
+def _fixnorm_scale_moved(module, state_dict, prefix, *args) -> None:
+    # Checkpoints written before the FixNorm output scale moved to the decoder's final ScaleNorm kept
+    # it in output_projection.g (and a final g without effect): the old logits g·cos(x, w) are the
+    # new ones with that g as the final norm's, so the value moves over exactly.
+    old, new = prefix + "output_projection.g", prefix + "decoder.final_norm.g"
+    if old in state_dict and module.output_projection.g is None:
+        state_dict[new] = state_dict.pop(old)
+
+
 class Seq2SeqTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -175,6 +184,7 @@ class Seq2SeqTransformer(nn.Module):
         scaled = isinstance(self.decoder.final_norm, ScaleNorm)
         self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled)
         init_model_(self)
+        self._register_load_state_dict_pre_hook(_fixnorm_scale_moved, with_module=True)
 
     @classmethod
     def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":
