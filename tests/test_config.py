@@ -30,6 +30,9 @@ def test_default_config_is_valid():
     ("optim.label_smoothing=1.5", r"optim\.label_smoothing"),
     ("eval.decoder.beam=0", r"eval\.decoder\.beam"),
     ("+model.colour=red", r"model\.colour is not a model option"),
+    ("norm.placement=rezero", r"norm\.type=layernorm with norm\.placement=rezero"),
+    ("model.layer_aggregation=dense", r"model\.layer_aggregation='dense' is not valid; allowed values: none, dlcl"),
+    ("+norm.colour=red", r"norm\.colour is not a norm option"),
 ])
 def test_invalid_values_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -53,3 +56,9 @@ def test_model_presets_compose(preset):
 def test_model_config_round_trip():
     m = ModelConfig(vocab_size=50, norm=NormConfig(type="rmsnorm", placement="pre"))
     assert ModelConfig.from_dict(m.to_dict()) == m
+
+
+def test_scheme_overrides_from_the_command_line():
+    m = validate_run_config(cfg_with("model.layer_aggregation=dlcl", "norm.placement=deepnorm"))
+    assert (m.layer_aggregation, m.layer_aggregation_stacks, m.norm.placement) == ("dlcl", "both", "deepnorm")
+    assert validate_run_config(cfg_with("norm=rezero")).norm.type == "none"
