@@ -1,138 +1,136 @@
-"""Training throughput of normlab's Transformer against peers, as a ratio measured in one run.
+"""Training throughput of normlab against x-transformers and torch.nn.Transformer, in one run.
 
-Peers: x-transformers' XTransformer (`pip install x-transformers`; skipped if absent) and
-torch.nn.Transformer, at the reference config (6+6 layers, d 256, 4 heads, FFN 1024, tied
-8k joint vocabulary), post-norm, no dropout. All models see the same batches of the bundled
-de-en corpus (max_tokens 2048), a full step each (forward, loss, backward, Adam step), and the
-models take turns in rounds so that machine load hits them alike. Numbers are target
-(non-pad) tokens per second.
+Three dropout settings (the papers' regularisation, dropout 0.1 everywhere, none) x three models
+at the reference config (peers.py), the same batches for all, a full step each (forward,
+label-smoothed loss, backward, Adam). The nine models take turns step-block by step-block for
+--rounds rounds, so machine load hits them alike; the table gives target tokens/s per step
+(min / median / max), MFU against the fp32 matmul peak measured at the start of the same run,
+peak memory of one step, and normlab's median over each model's. Then the Lightning loop's
+overhead over a plain PyTorch loop on the same model and batches (lightning_overhead.py).
 
-    python benchmarks/train_throughput.py [--steps 30] [--rounds 3] [--threads N]
+    python benchmarks/train_throughput.py                         # the record: CPU, all settings
+    python benchmarks/train_throughput.py --device cuda --bf16    # GPU: bf16 autocast, fused Adam
+    python benchmarks/train_throughput.py --small --steps 2 --rounds 1   # a quick check of the script
+    python benchmarks/train_throughput.py --compile               # normlab under torch.compile
+x-transformers: `pip install -e ".[bench]"` (skipped if absent).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import normlab  # noqa: F401,E402  (sets OMP_WAIT_POLICY before torch loads)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from normlab.config import ModelConfig, NormConfig  # noqa: E402
-from normlab.data.datamodule import TranslationDataModule  # noqa: E402
-from normlab.losses import label_smoothed_nll  # noqa: E402
-from normlab.model.transformer import Seq2SeqTransformer  # noqa: E402
-
-D, LAYERS, HEADS, FFN = 256, 6, 4, 1024
+import peers as P  # noqa: E402
 
 
-def batches(n: int) -> list[dict]:
-    root = Path(__file__).resolve().parents[1] / "data" / "bible_de_en"
-    dm = TranslationDataModule(**{f"{s}_{side}": str(root / f"{s}.{lang}.gz") for s in ("train", "valid", "test")
-                                  for side, lang in (("src", "de"), ("tgt", "en"))}, vocab_size=8000, max_tokens=2048)
-    dm.setup("fit")
-    out = []
-    for b in dm.train_dataloader():
-        out.append(b)
-        if len(out) == n:
-            return out, dm.tokenizer.vocab_size
-    return out, dm.tokenizer.vocab_size
+def build(settings, names, shape, device, compile):
+    runs = []
+    for setting in settings:
+        for cls in P.PEERS:
+            if cls.name not in names:
+                continue
+            torch.manual_seed(0)
+            try:
+                peer = cls(shape, P.SETTINGS[setting], compile=compile and cls is P.Normlab)
+            except ImportError as e:
+                print(f"{cls.name}: skipped ({e}; pip install -e '.[bench]')")
+                continue
+            peer.model.to(device).train()
+            runs.append({"setting": setting, "peer": peer, "opt": P.adam(peer.model.parameters(), device),
+                         "tok_s": [], "params": sum(p.numel() for p in peer.model.parameters())})
+    return runs
 
 
-class Ours:
-    name = "normlab"
-
-    def __init__(self, V):
-        self.model = Seq2SeqTransformer(ModelConfig(
-            vocab_size=V, d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_heads=HEADS,
-            decoder_heads=HEADS, encoder_ffn=FFN, decoder_ffn=FFN, norm=NormConfig(placement="post")))
-
-    def loss(self, b):
-        logits = self.model(b["src"], b["tgt_in"])
-        loss, _ = label_smoothed_nll(logits, b["tgt_out"], 0.1, 0)
-        return loss / b["ntokens"]
-
-
-class XTransformers:
-    name = "x-transformers"
-
-    def __init__(self, V):
-        from x_transformers import XTransformer
-
-        self.model = XTransformer(dim=D, tie_token_emb=True, ignore_index=0, pad_value=0,
-                                  enc_num_tokens=V, enc_depth=LAYERS, enc_heads=HEADS, enc_max_seq_len=256,
-                                  enc_ff_mult=FFN // D, dec_num_tokens=V, dec_depth=LAYERS, dec_heads=HEADS,
-                                  dec_max_seq_len=257, dec_ff_mult=FFN // D)
-
-    def loss(self, b):
-        tgt = torch.cat([b["tgt_in"][:, :1], b["tgt_out"]], dim=1)  # BOS y EOS; the wrapper shifts it
-        return self.model(b["src"], tgt, mask=b["src"].ne(0))
-
-
-class TorchTransformer:
-    name = "torch.nn.Transformer"
-
-    def __init__(self, V):
-        self.emb = torch.nn.Embedding(V, D, padding_idx=0)
-        self.core = torch.nn.Transformer(D, HEADS, LAYERS, LAYERS, FFN, dropout=0.0, batch_first=True)
-        self.model = torch.nn.ModuleDict({"emb": self.emb, "core": self.core})
-
-    def loss(self, b):
-        src, tgt = b["src"], b["tgt_in"]
-        T = tgt.size(1)
-        causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # True = masked, like the pad masks
-        h = self.core(self.emb(src) * D ** 0.5, self.emb(tgt) * D ** 0.5, tgt_mask=causal, tgt_is_causal=True,
-                      src_key_padding_mask=src.eq(0), tgt_key_padding_mask=tgt.eq(0),
-                      memory_key_padding_mask=src.eq(0))
-        logits = h @ self.emb.weight.t()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), b["tgt_out"].view(-1), ignore_index=0,
-                               label_smoothing=0.1)
-
-
-def run_steps(peer, opt, bs) -> tuple[int, float]:
-    t0, tok = time.perf_counter(), 0
-    for b in bs:
-        opt.zero_grad(set_to_none=True)
-        peer.loss(b).backward()
-        opt.step()
-        tok += int(b["ntokens"])
-    return tok, time.perf_counter() - t0
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30, help="steps per model per round")
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", default="papers,everywhere,none")
+    ap.add_argument("--models", default=",".join(c.name for c in P.PEERS))
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per model per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU; ~10x slower on CPU)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile normlab's model")
+    ap.add_argument("--data", choices=("synthetic", "corpus"), default="synthetic")
+    ap.add_argument("--small", action="store_true", help="a small model, to check the script")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the Lightning overhead measurement")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    bs, V = batches(args.steps)
-    peers = [Ours(V), TorchTransformer(V)]
-    try:
-        peers.insert(1, XTransformers(V))
-    except ImportError:
-        print("x-transformers not installed: skipped (pip install x-transformers)")
-    opts = [torch.optim.Adam(p.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9) for p in peers]
-    for p, o in zip(peers, opts):  # warm-up step, not timed
-        run_steps(p, o, bs[:2])
-    totals = {p.name: [0, 0.0] for p in peers}
+    device = torch.device(args.device)
+    shape = P.small(P.Shape()) if args.small else P.Shape()
+    batches = (P.synthetic_batches(shape, args.steps, device) if args.data == "synthetic"
+               else P.corpus_batches(args.steps, shape.vocab, 4096, device))
+    settings = args.settings.split(",")
+    peak = P.matmul_peak(device)
+    runs = build(settings, args.models.split(","), shape, device, args.compile)
+    amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
+
+    def step(r, b):
+        with amp():
+            return P.timed_step(r["peer"], r["opt"], b, device)
+
+    for r in runs:  # warm-up (and compilation), then one untimed step for peak memory
+        t0 = time.perf_counter()
+        for b in (batches * args.warmup)[: args.warmup]:
+            step(r, b)
+        r["warmup_s"] = time.perf_counter() - t0
+        if not args.no_memory:
+            with amp():
+                r["peak_mib"] = P.peak_step_memory(r["peer"], r["opt"], batches[0], device) / 2 ** 20
     for _ in range(args.rounds):
-        for p, o in zip(peers, opts):
-            tok, sec = run_steps(p, o, bs)
-            totals[p.name][0] += tok
-            totals[p.name][1] += sec
-    rate = {k: tok / sec for k, (tok, sec) in totals.items()}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.rounds} rounds x {args.steps} steps, "
-          f"6+6 layers d{D} h{HEADS} ffn{FFN}")
-    print(f"{'model':<22} {'params':>10} {'tgt tok/s':>10} {'normlab / model':>16}")
-    for p in peers:
-        n = sum(x.numel() for x in p.model.parameters())
-        print(f"{p.name:<22} {n:>10,} {rate[p.name]:>10.0f} {rate['normlab'] / rate[p.name]:>16.2f}")
+        for r in runs:
+            r["tok_s"] += [b["ntokens"] / step(r, b) for b in batches]
+
+    flops = sum(P.step_flops(shape, b) for b in batches) / sum(b["ntokens"] for b in batches)  # per token
+    print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
+          f"{platform.processor() or platform.machine()}; {args.rounds} rounds x {args.steps} steps; "
+          f"d{shape.d} {shape.layers}+{shape.layers} layers h{shape.heads} ffn{shape.ffn} V{shape.vocab}, "
+          f"{args.data} batches {tuple(batches[0]['src'].shape)}; bf16 {args.bf16}; compile {args.compile}")
+    print(f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (measured now); {flops / 1e6:.1f} MFLOP per target token")
+    result = {"device": str(device), "threads": torch.get_num_threads(), "matmul_peak_gflops": peak / 1e9,
+              "rounds": args.rounds, "steps": args.steps, "bf16": args.bf16, "compile": args.compile,
+              "data": args.data, "settings": {}}
+    for setting in settings:
+        rows = [r for r in runs if r["setting"] == setting]
+        print(f"\n{setting}: {P.SETTING_TEXT[setting]}")
+        print(f"{'model':<22} {'params':>11} {'tok/s min':>10} {'median':>8} {'max':>8} {'MFU':>6} "
+              f"{'peak MiB':>9} {'normlab/model':>14}")
+        ours = next((P.quantiles(r["tok_s"])[1] for r in rows if r["peer"].name == "normlab"), float("nan"))
+        result["settings"][setting] = {}
+        for r in rows:
+            lo, med, hi = P.quantiles(r["tok_s"])
+            mfu = med * flops / peak
+            print(f"{r['peer'].name:<22} {r['params']:>11,} {P.fmt_int(lo):>10} {P.fmt_int(med):>8} "
+                  f"{P.fmt_int(hi):>8} {mfu:>6.2f} {r.get('peak_mib', float('nan')):>9.0f} {ours / med:>14.2f}")
+            result["settings"][setting][r["peer"].name] = {
+                "params": r["params"], "tok_s_min": lo, "tok_s_median": med, "tok_s_max": hi, "mfu": mfu,
+                "peak_mib": r.get("peak_mib"), "normlab_over_model": ours / med, "warmup_s": r["warmup_s"]}
+    if args.compile:
+        for r in runs:
+            if r["peer"].name == "normlab":
+                print(f"torch.compile: {r['warmup_s']:.1f} s for the {args.warmup} warm-up steps ({r['setting']})")
+    for name, note in P.PEER_NOTES.items():
+        print(f"note: {name}: {note}")
+    if not args.no_overhead:
+        from lightning_overhead import measure
+
+        result["lightning_overhead"] = measure(small=args.small, device=args.device)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -1,0 +1,209 @@
+"""Where a training step's time goes: torch.profiler over a few steps of one model, grouped by
+phase (forward, loss, backward, optimizer) and by component (matmuls, attention, dropout, masks,
+norms, embeddings, elementwise, copies), with op counts, allocations and host syncs per step.
+
+Backward ops are attributed to the forward op that created them (autograd sequence numbers), so
+"dropout" includes its backward multiply and "masks" the ops that build attention masks. Times are
+self times; under machine load read the fractions, not the milliseconds.
+
+    python benchmarks/profile_step.py                        # normlab, all three dropout settings
+    python benchmarks/profile_step.py --settings everywhere --model x-transformers
+    python benchmarks/profile_step.py --small --steps 1      # a quick check
+    python benchmarks/profile_step.py --trace trace.json     # also a Chrome trace of the last setting
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import normlab  # noqa: F401,E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+import peers as P  # noqa: E402
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+LABELS = ("dropout", "masks")  # record_function labels put around these in forward (see _label)
+COMPONENTS = [  # (component, regex on a forward op name or a backward node name), first match wins
+    ("attention", r"scaled_dot_product|flash_attention|efficient_attention|ScaledDotProduct|softmax|Softmax"),
+    ("matmul", r"addmm|\bmm\b|bmm|linear|matmul|Addmm|MmBackward|BmmBackward|Linear"),
+    ("norm", r"layer_norm|LayerNorm|rsqrt|vector_norm|Norm"),
+    ("embedding", r"embedding|Embedding"),
+    ("optimizer", r"adam|Adam|_foreach|lerp|addcdiv|addcmul_"),
+    ("copies", r"copy_|clone|contiguous|\bto\b|_to_copy|empty|zeros|ones|cat|index|ToCopy|Clone|Cat"),
+]
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
+
+
+def _label(fn, name):
+    def wrapped(*a, **k):
+        with record_function(name):
+            return fn(*a, **k)
+    return wrapped
+
+
+def instrument():
+    # Label dropout and mask building in normlab's forward (profile only; the model is unchanged).
+    import torch.nn.functional as F
+    import normlab.model.attention as A
+
+    torch.nn.Dropout.forward = _label(torch.nn.Dropout.forward, "dropout")
+    A._attention_mask = _label(A._attention_mask, "masks")
+    if hasattr(F, "dropout"):
+        F.dropout = _label(F.dropout, "dropout")
+
+
+def _component(name: str) -> str:
+    for comp, rx in COMPONENTS:
+        if re.search(rx, name):
+            return comp
+    return "elementwise/other"
+
+
+def _enclosing(e, names):
+    p = e
+    while p is not None:
+        if p.name in names:
+            return p.name
+        p = p.cpu_parent
+    return None
+
+
+def summarize(events, steps: int) -> dict:
+    label_of_seq: dict[tuple[int, str], str] = {}
+    for e in events:  # forward ops inside a label range: their autograd (sequence number, op)
+        lab = _enclosing(e, LABELS)
+        if lab and e.sequence_nr >= 0:
+            label_of_seq.setdefault((e.sequence_nr, _norm(e.name)), lab)
+    table = defaultdict(float)  # (phase, component) -> ms
+    ops, syncs, alloc = Counter(), 0, 0
+    for e in events:
+        if e.name in PHASES or e.name in LABELS or e.name.startswith("ProfilerStep"):
+            continue
+        phase = _enclosing(e, PHASES) or "other"
+        comp = _enclosing(e, LABELS)
+        if comp is None and phase == "backward":
+            node = _enclosing_node(e)
+            comp = label_of_seq.get((node.sequence_nr, _norm(node.name))) if node is not None else None
+            comp = comp or (_component(node.name) if node is not None else _component(e.name))
+        comp = comp or ("loss" if phase == "loss" else _component(e.name))
+        if phase == "optimizer":
+            comp = "optimizer"
+        table[phase, comp] += e.self_cpu_time_total / 1e3
+        if e.name.startswith("aten::"):
+            ops[phase] += 1
+        syncs += e.name in SYNC_OPS
+        alloc += max(e.self_cpu_memory_usage, 0)
+    return {"table": {k: v / steps for k, v in table.items()}, "ops": {k: v / steps for k, v in ops.items()},
+            "syncs": syncs / steps, "alloc_mib": alloc / steps / 2 ** 20}
+
+
+def _norm(name: str) -> str:
+    # "aten::native_dropout" and "autograd::engine::evaluate_function: NativeDropoutBackward0" -> the
+    # same key: ops that create no autograd node share the next node's sequence number, the name
+    # tells which op made it.
+    name = re.sub(r"Backward\d*$", "", name.split(":")[-1].strip())
+    return name.replace("_", "").lower()
+
+
+def _enclosing_node(e):
+    p = e
+    while p is not None:
+        if p.name.startswith("autograd::engine::evaluate_function"):
+            return p
+        p = p.cpu_parent
+    return None
+
+
+def profile_setting(cls, shape, setting, batches, device, steps, trace=None):
+    torch.manual_seed(0)
+    peer = cls(shape, P.SETTINGS[setting])
+    peer.model.to(device).train()
+    opt = P.adam(peer.model.parameters(), device)
+    for b in batches[:2]:
+        P.timed_step(peer, opt, b, device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts, profile_memory=True, with_stack=False) as prof:
+        for b in batches[:steps]:
+            opt.zero_grad(set_to_none=True)
+            with record_function("forward"):
+                logits = _forward(peer, b)
+            with record_function("loss"):
+                loss = _loss(peer, logits, b)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                opt.step()
+    if trace:
+        prof.export_chrome_trace(trace)
+    return summarize(prof.events(), steps)
+
+
+def _forward(peer, b):
+    if peer.name == "normlab":
+        return peer.model(b["src"], b["tgt_in"])
+    if peer.name == "x-transformers":
+        return peer.logits(b["src"], b["tgt_in"])
+    return None  # torch.nn.Transformer: all in "loss"
+
+
+def _loss(peer, logits, b):
+    if peer.name == "normlab":
+        from normlab.losses import label_smoothed_nll
+
+        return label_smoothed_nll(logits, b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
+    if logits is not None:
+        return P.label_smoothed_ce(logits, b["tgt_out"], b["ntokens"])
+    return peer.loss(b)
+
+
+def print_summary(setting: str, s: dict) -> None:
+    t = s["table"]
+    total = sum(t.values())
+    print(f"\n{setting}: {P.SETTING_TEXT[setting]}  ({total:.0f} ms of op self time per step)")
+    phases = [p for p in (*PHASES, "other") if any(k[0] == p for k in t)]
+    comps = sorted({k[1] for k in t}, key=lambda c: -sum(v for k, v in t.items() if k[1] == c))
+    print(f"{'component':<18}" + "".join(f"{p:>11}" for p in phases) + f"{'total':>9}{'share':>7}")
+    for c in comps:
+        row = [t.get((p, c), 0.0) for p in phases]
+        print(f"{c:<18}" + "".join(f"{v:>11.1f}" for v in row) + f"{sum(row):>9.1f}{100 * sum(row) / total:>6.1f}%")
+    shares = [sum(v for k, v in t.items() if k[0] == p) for p in phases]
+    print(f"{'phase total':<18}" + "".join(f"{v:>11.1f}" for v in shares) + f"{total:>9.1f}")
+    print(f"{'phase share':<18}" + "".join(f"{100 * v / total:>10.1f}%" for v in shares))
+    print(f"aten ops per step: {dict((k, round(v)) for k, v in s['ops'].items())}; host syncs per step "
+          f"(item/nonzero): {s['syncs']:.1f}; allocated per step: {s['alloc_mib']:.0f} MiB")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", default="none,papers,everywhere")
+    ap.add_argument("--model", default="normlab", choices=[c.name for c in P.PEERS])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--trace", help="write a Chrome trace of the last setting here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    instrument()
+    device = torch.device(args.device)
+    shape = P.small(P.Shape()) if args.small else P.Shape()
+    batches = P.synthetic_batches(shape, max(args.steps, 2), device)
+    cls = next(c for c in P.PEERS if c.name == args.model)
+    settings = args.settings.split(",")
+    print(f"{args.model}, torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
+          f"batch {tuple(batches[0]['src'].shape)}, {args.steps} profiled steps")
+    for i, setting in enumerate(settings):
+        s = profile_setting(cls, shape, setting, batches, device, args.steps,
+                            trace=args.trace if i == len(settings) - 1 else None)
+        print_summary(setting, s)
+
+
+if __name__ == "__main__":
+    main()
