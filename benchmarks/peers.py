@@ -90,8 +90,11 @@ class XTransformers:
                   emb_dropout=drop["embedding"])
         self.model = XTransformer(dim=s.d, tie_token_emb=True, ignore_index=0, pad_value=0,
                                   enc_num_tokens=s.vocab, enc_max_seq_len=256, dec_num_tokens=s.vocab,
-                                  dec_max_seq_len=257, dec_tie_embedding=True, **{f"enc_{k}": v for k, v in kw.items()},
+                                  dec_max_seq_len=257, **{f"enc_{k}": v for k, v in kw.items()},
                                   **{f"dec_{k}": v for k, v in kw.items()})
+        net = self.model.decoder.net  # tie the output projection too (XTransformer cannot pass it on)
+        del net.to_logits
+        net.to_logits = lambda t, **_: t @ net.token_emb.emb.weight.t()
 
     def logits(self, src, tgt_in):
         mask = src.ne(0)

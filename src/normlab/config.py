@@ -170,6 +170,11 @@ class ModelConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+# Keys of the `model` group that say how to run the model, not what it is: not in ModelConfig,
+# so checkpoints and rebuilt models do not depend on them (read by train.py).
+RUNTIME_MODEL_KEYS = ("compile",)
+
+
 def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Mapping | None = None) -> ModelConfig:
     """ModelConfig from the Hydra tree: the groups model, norm and regularizer hold exactly the
     fields of ModelConfig, NormConfig and RegularizerConfig; init.name is ModelConfig.init."""
@@ -178,13 +183,15 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
     def plain(node: Any) -> dict:
         return dict(OmegaConf.to_container(node, resolve=True)) if node is not None else {}
 
-    model, norm, reg = plain(cfg.model), plain(cfg.norm), plain(cfg.get("regularizer"))
+    model = {k: v for k, v in plain(cfg.model).items() if k not in RUNTIME_MODEL_KEYS}
+    norm, reg = plain(cfg.norm), plain(cfg.get("regularizer"))
     for group, node, cls, own in (("model", model, ModelConfig, ("norm", "regularizer", "init")),
                                   ("norm", norm, NormConfig, ()), ("regularizer", reg, RegularizerConfig, ())):
         allowed = sorted({f.name for f in dataclasses.fields(cls)} - set(own))
         unknown = sorted(set(node) - set(allowed))
+        shown = sorted(allowed + list(RUNTIME_MODEL_KEYS)) if group == "model" else allowed
         _check(not unknown, f"{group}.{unknown[0] if unknown else ''} is not a {group} option; "
-                            f"allowed: {', '.join(allowed)}")
+                            f"allowed: {', '.join(shown)}")
     if vocab_size is not None:
         model["vocab_size"] = vocab_size
     model.update(special or {})
@@ -196,6 +203,11 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
     vocab = cfg.data.get("vocab_size")  # null for data=preprocessed: the folder's tokenizer decides
     model_cfg = model_config_from_hydra(cfg, vocab_size=None if vocab is None else int(vocab))
+    compile = cfg.model.get("compile", False)
+    if not isinstance(compile, bool):
+        import torch
+
+        _choice("model.compile", compile, (True, False, *torch.compiler.list_backends(exclude_tags=())))
     o = cfg.optim
     _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
     _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")

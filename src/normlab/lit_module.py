@@ -27,11 +27,19 @@ def _dist() -> bool:
 
 
 class Seq2SeqModule(L.LightningModule):
-    def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None):
+    def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None,
+                 compile: bool | str = False):
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_proto"])
         self.model_cfg = ModelConfig.from_dict(model_cfg)
         self.model = Seq2SeqTransformer(self.model_cfg)
+        # model.compile=true: torch.compile the training forward in place (state-dict keys unchanged,
+        # so checkpoints load into an uncompiled model); decoding (encode/decode) stays eager.
+        # A string names the torch.compile backend (true = inductor; aot_eager to debug a failure).
+        # Compilation happens in the first training step, whose time is reported as compile_seconds.
+        self.compile_seconds: float | None = None
+        if compile:
+            self.model.compile(**({} if compile is True else {"backend": compile}))
         self.optim_cfg, self.eval_cfg = dict(optim), dict(eval)
         self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
         self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
@@ -53,23 +61,36 @@ class Seq2SeqModule(L.LightningModule):
         return loss, nll, ntok
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        # No host syncs here (a GPU step would wait for the previous one to finish): the token count
+        # comes from collate on the host, DDP reduces it on the device, and tensors are logged only
+        # on the steps the logger writes (the progress bar reads logged tensors back at every step).
         loss, nll, ntok = self._loss(batch)
         n = max(ntok, 1)
-        mean_ntok = float(n)
+        norm = float(n)
         if _dist():  # normalise by the global token count; DDP then averages over ranks
-            t = torch.tensor([float(ntok)], device=loss.device)
+            t = torch.tensor(float(ntok), device=loss.device)
             dist.all_reduce(t)
-            mean_ntok = max(t.item() / dist.get_world_size(), 1.0)
+            norm = t.clamp(min=1.0) / dist.get_world_size()
         self._train_tokens += ntok
-        self.log_dict({"train/loss": loss / n, "train/nll": nll / n}, prog_bar=True, batch_size=n)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
-        return loss / mean_ntok
+        if self._logging_step():
+            self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
+                          batch_size=n)
+            self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
+        return loss / norm
+
+    def _logging_step(self) -> bool:
+        connector = getattr(self._trainer, "_logger_connector", None)  # None outside Trainer.fit
+        return connector is not None and connector.should_update_logs
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self._train_seconds += time.perf_counter() - self._t_batch
+        seconds = time.perf_counter() - self._t_batch
+        self._train_seconds += seconds
+        if self.hparams.get("compile") and self.compile_seconds is None:
+            self.compile_seconds = seconds
+            rank_zero_info(f"model.compile: the first training step took {seconds:.1f} s (compilation included)")
         if self._train_seconds > 0 and self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
             self.log("train/tokens_per_s", self.train_tokens_per_s, prog_bar=False)
 
@@ -81,11 +102,21 @@ class Seq2SeqModule(L.LightningModule):
         o = self.optim_cfg
         peak = peak_lr(self.model_cfg.d_model, o["warmup"], o.get("lr"), o.get("scale", 1.0))
         opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o["betas"]), eps=o["eps"],
-                               weight_decay=o.get("weight_decay", 0.0))
+                               weight_decay=o.get("weight_decay", 0.0), **self._adam_impl())
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
         kind = o.get("schedule", "inverse_sqrt")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(kind, s + 1, o["warmup"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _adam_impl(self) -> dict:
+        # GPU: the fused kernel (one launch for every parameter, no per-step host syncs), except with
+        # fp16 loss scaling + clipping, which Lightning refuses for optimizers that unscale inside
+        # step(); there, and on CPU, torch's default (foreach on GPU).
+        if not all(p.device.type == "cuda" for p in self.parameters()):
+            return {}
+        precision = str(getattr(self._trainer, "precision", ""))
+        clipping = float(self.optim_cfg.get("clip_norm") or 0.0) > 0
+        return {} if precision.startswith("16") and clipping else {"fused": True}
 
     # ---- validation / test --------------------------------------------------------------------
     def _reset_eval(self) -> None:

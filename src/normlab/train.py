@@ -71,7 +71,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model_cfg = model_config_from_hydra(cfg, vocab_size=tok.vocab_size,
                                         special={"pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
     module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto)
+                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto,
+                           compile=cfg.model.get("compile", False))
     name, group, tags = describe(cfg, choices)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     logger = build_logger(cfg.logger, run_dir, cfg.project, name, group, tags, config=full_cfg | {"choices": choices})
@@ -88,6 +89,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     finally:
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(time.time() - t0, 1))
+        if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
+            results["compile_s"] = round(module.compile_seconds, 1)
         if trainer.is_global_zero:
             write_json(run_dir / "results.json", results)
         finish_logger(logger, results)
