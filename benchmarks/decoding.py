@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load(args):
     from normlab.checkpoint import load_model
-    from normlab.config import ModelConfig
+    from normlab.config import RUNTIME_MODEL_KEYS, ModelConfig
     from normlab.data.datamodule import TranslationDataModule
     from normlab.model.transformer import Seq2SeqTransformer
     from omegaconf import OmegaConf
@@ -41,6 +41,7 @@ def load(args):
     dm.prepare_data()  # the bundled corpus's preprocessed folder (built once, shared with training)
     tok = dm.folder.tokenizer
     m = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml"))
+    m = {k: v for k, v in m.items() if k not in RUNTIME_MODEL_KEYS}
     torch.manual_seed(args.seed)
     cfg = ModelConfig(**m, vocab_size=tok.vocab_size, norm={"placement": "pre"})
     return Seq2SeqTransformer(cfg).eval(), tok, "random init, conf/model/tiny.yaml + norm=prenorm"

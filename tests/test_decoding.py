@@ -58,10 +58,34 @@ def test_cache_reorder_follows_the_batch():
     cache = model.new_cache()
     model.decode(tgt[:, :2], memory, pad, cache)
     order = torch.tensor([5, 5, 0, 7])  # beam search repeats and drops rows
-    cache.reorder(order)
+    cache.reorder(order, sources=order)
     rest = model.decode(tgt[order, 2:], memory[order], pad[order], cache)
     full = model.decode(tgt[order], memory[order], pad[order])
     torch.testing.assert_close(rest, full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw", VARIANTS[::2])
+def test_hypotheses_share_the_memory_row_of_their_source(kw):
+    # Beam search keeps memory and cross-attention keys/values once per sentence; G hypotheses per
+    # sentence must decode exactly as with the memory repeated G times.
+    torch.manual_seed(3)
+    model = Seq2SeqTransformer(tiny(**kw)).eval()
+    memory, pad = model.encode(source(B=4))
+    G = 3
+    tgt = torch.randint(3, V, (4 * G, 5))
+    repeated = model.decode(tgt, memory.repeat_interleave(G, 0), pad.repeat_interleave(G, 0))
+    torch.testing.assert_close(model.decode(tgt, memory, pad), repeated, atol=1e-5, rtol=1e-5)
+    # Cached, with beams reordered within their sentences: no cross-attention state is copied.
+    cache = model.new_cache()
+    model.decode(tgt[:, :2], memory, pad, cache)
+    cross = {id(v) for state in cache._sources.values() for v in state.values()}
+    order = torch.tensor([2, 2, 0, 3, 5, 4, 6, 6, 6, 11, 9, 10])  # rows s·G + beam stay in sentence s
+    cache.reorder(order)
+    assert {id(v) for state in cache._sources.values() for v in state.values()} == cross
+    rest = model.decode(tgt[order, 2:], memory, pad, cache)
+    torch.testing.assert_close(rest, model.decode(tgt[order], memory, pad)[:, 2:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot share"):
+        model.decode(tgt[:5], memory, pad)
 
 
 def naive_greedy(model, src, max_len_a, max_len_b, min_len):

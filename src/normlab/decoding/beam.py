@@ -18,9 +18,10 @@ all beam x vocab extensions in one topk of 2·beam candidates; EOS candidates ra
 first `beam` are finished (moved to a per-sentence pool of the `beam` best finished hypotheses),
 the best `beam` non-EOS candidates continue. A sentence stops when `beam` hypotheses have
 finished (counted over all steps) or it reaches max_len; finished sentences leave the batch.
-Cross-attention keys/values are computed once per source (the first step runs on one row per
-sentence, then the cache is expanded to `beam` rows) and the cache follows the beams by
-`reorder`. `incremental=False` re-decodes the whole prefix every step instead (the reference
+The encoder output, its pad mask and the cross-attention keys/values stay at one row per source
+sentence: the K hypotheses of a sentence attend to them together (attention.py), so they are
+computed once and copied only when sentences leave the batch; the self-attention cache follows
+the beams by `reorder`. `incremental=False` re-decodes the whole prefix every step instead (the reference
 for tests and the uncached baseline of benchmarks/decoding.py); everything else is shared.
 """
 from __future__ import annotations
@@ -88,10 +89,9 @@ def _search(model, src, K, alpha, max_len_a, max_len_b, min_len, nbest, incremen
             logits = model.decode(hist.reshape(b * k, t + 1), memory, src_pad_mask)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, V)  # (b, k, V)
         if t == 0:
-            # One row per sentence so far (cross-attention keys/values computed once per source);
-            # now expand everything to K beams, of which only the first may extend at step 0.
+            # One row per sentence so far; now K beams, of which only the first may extend at step 0.
+            # memory and src_pad_mask keep one row per sentence.
             expand = torch.arange(b, device=dev).repeat_interleave(K)  # (b*K,)
-            memory, src_pad_mask = memory[expand], src_pad_mask[expand]
             if cache is not None:
                 cache.reorder(expand)
             lprobs = lprobs.expand(b, K, V).contiguous()
@@ -125,15 +125,14 @@ def _search(model, src, K, alpha, max_len_a, max_len_b, min_len, nbest, incremen
         done = n_finished[active].ge(K) | max_len[active].le(t) | scores[:, 0].eq(NEG_INF)
         if done.all():
             break
+        still = None
         if done.any():
             still = (~done).nonzero().squeeze(1)  # (b',)
             hist, scores, active = hist[still], scores[still], active[still]
             rows = rows.view(b, K)[still].view(-1)
-            # The K rows of a sentence share its memory, so memory changes only when sentences leave.
-            sentences = (still[:, None] * K + torch.arange(K, device=dev)).view(-1)
-            memory, src_pad_mask = memory[sentences], src_pad_mask[sentences]
+            memory, src_pad_mask = memory[still], src_pad_mask[still]
         if cache is not None:
-            cache.reorder(rows)
+            cache.reorder(rows, sources=still)
     return _nbest_lists(pool_score, pool_logp, pool_len, pool_tok, nbest)
 
 

@@ -41,7 +41,7 @@ def greedy_decode(model, src: torch.Tensor, max_len_a: float = 1.0, max_len_b: i
                 break
             if not running.all():
                 keep = running.nonzero().squeeze(1)
-                cache.reorder(keep)
+                cache.reorder(keep, sources=keep)
                 memory, src_pad_mask = memory[keep], src_pad_mask[keep]
                 active, token = active[keep], token[keep]
             prev = token[:, None]  # (b, 1)

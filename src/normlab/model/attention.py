@@ -25,18 +25,29 @@ KINDS = ("encoder_self", "decoder_self", "cross")
 class IncrementalCache:
     # Keys/values of every attention module for step-by-step decoding, keyed by the module itself,
     # plus `length`: target positions already decoded (the positional offset of the next step).
+    # Self-attention states have one row per hypothesis; cross-attention states one row per source
+    # sentence (they depend only on the source), shared by all of its hypotheses (see forward).
     def __init__(self):
         self.length = 0
         self._states: dict[nn.Module, dict[str, torch.Tensor]] = {}
+        self._sources: dict[nn.Module, dict[str, torch.Tensor]] = {}
 
     def state(self, module: nn.Module) -> dict[str, torch.Tensor]:
         return self._states.setdefault(module, {})
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        # Beam search reorders (and greedy drops finished rows) along the batch dimension.
-        for state in self._states.values():
-            for key, value in state.items():
-                state[key] = value.index_select(0, indices)
+    def source_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        return self._sources.setdefault(module, {})
+
+    def reorder(self, rows: torch.Tensor, sources: torch.Tensor | None = None) -> None:
+        # Beam search reorders hypotheses (and greedy drops finished rows) along the batch dimension:
+        # `rows` indexes the hypotheses. `sources` indexes the source sentences when those change
+        # (sentences leave the batch); beams moving within a sentence copy no cross-attention state.
+        for states, index in ((self._states, rows), (self._sources, sources)):
+            if index is None:
+                continue
+            for state in states.values():
+                for key, value in state.items():
+                    state[key] = value.index_select(0, index)
 
 
 class MultiheadAttention(nn.Module):
@@ -66,10 +77,15 @@ class MultiheadAttention(nn.Module):
         # head's output (e.g. to measure head importance); training-time DropHead is `drophead`.
         B, T, _ = x.shape
         q = self._split(self.q_proj(x))  # (B, H, T, Dh)
-        k, v = self._keys_values(x, memory, cache)  # (B, H, S, Dh) each
-        attn_mask, is_causal = _attention_mask(key_padding_mask, causal, T, k.size(2), x.device)
+        k, v = self._keys_values(x, memory, cache)  # (B / G, H, S, Dh) each
+        G = _group(B, k.size(0))
+        if G > 1:  # G hypotheses per source row (beam search): their queries share the source's keys
+            q = q.view(-1, G, self.num_heads, T, self.head_dim).transpose(1, 2).flatten(2, 3)  # (B/G, H, G·T, Dh)
+        attn_mask, is_causal = _attention_mask(key_padding_mask, causal, q.size(2), k.size(2), x.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                              dropout_p=self.dropout if self.training else 0.0)
+        if G > 1:
+            out = out.unflatten(2, (G, T)).transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)
         out = self.drophead(out)  # (B, H, T, Dh)
         if head_mask is not None:
             out = out * head_mask.to(out.dtype)[:, :, None, None]  # (B, H, 1, 1) x (B, H, T, Dh)
@@ -83,8 +99,9 @@ class MultiheadAttention(nn.Module):
     def _keys_values(self, x, memory, cache):
         if memory is not None:
             # Cross-attention: the encoder's keys/values depend only on the source, so a cache
-            # computes them at the first step and reuses them for every later step.
-            state = cache.state(self) if cache is not None else None
+            # computes them at the first step, once per source row, and reuses them for every later
+            # step and every hypothesis of that source.
+            state = cache.source_state(self) if cache is not None else None
             if state:
                 return state["k"], state["v"]
             k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
@@ -103,6 +120,14 @@ class MultiheadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, heads={self.num_heads}, dropout={self.dropout}"
+
+
+def _group(queries: int, keys: int) -> int:
+    # Rows of queries per row of keys/values: 1, or the beam size when the decoder's hypotheses
+    # attend to memory kept once per source sentence (memory and its pad mask: (B / G) rows).
+    if queries % keys:
+        raise ValueError(f"{queries} query rows cannot share {keys} rows of keys/values")
+    return queries // keys
 
 
 def _attention_mask(key_padding_mask, causal: bool, tq: int, tk: int, device):
