@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normlab.model.dropout import Dropout
+
 
 def sinusoidal_table(max_positions: int, d: int) -> torch.Tensor:
     # The paper's convention, interleaved: PE(pos, 2i) = sin(pos / 10000^(2i/d)),
@@ -79,7 +81,7 @@ class InputEmbedding(nn.Module):
         super().__init__()
         self.tokens = tokens
         self.positions = positions
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return self.dropout(self.tokens(tokens) + self.positions(tokens.size(1), offset))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from normlab.model.dropout import Dropout
 from normlab.model.norms import build_norm
 
 PLACEMENTS = ("post", "pre", "deepnorm", "subln", "sandwich", "rezero", "resi_dual")
@@ -52,7 +53,7 @@ class ResidualBlock(nn.Module):
         self.sublayer = sublayer
         self.norm = norm
         self.placement = placement
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)  # .add(x, y) = x + dropout(y) in one pass on CPU
         self.omega = nn.Parameter(torch.ones(d)) if omega else None
         self.norm_out = norm_out
         if placement == "deepnorm":
@@ -66,17 +67,19 @@ class ResidualBlock(nn.Module):
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         p = self.placement
         if p in ("pre", "subln", "sandwich"):
-            out = self.dropout(self.sublayer(self.norm(x), *args, **kwargs))
-            return x + (out if self.norm_out is None else self.norm_out(out))
+            out = self.sublayer(self.norm(x), *args, **kwargs)
+            if self.norm_out is None:
+                return self.dropout.add(x, out)  # x + drop(out), one pass on CPU
+            return x + self.norm_out(self.dropout(out))
         if p == "rezero":
             return x + self.scale * self.dropout(self.sublayer(x, *args, **kwargs))
         if p == "resi_dual":
             x, dual = x.unbind(0)  # (B, T, D) each
             out = self.dropout(self.sublayer(x, *args, **kwargs))
             return torch.stack((self.norm(x + out), dual + out))  # (2, B, T, D)
-        out = self.dropout(self.sublayer(x, *args, **kwargs))  # post, deepnorm
+        out = self.sublayer(x, *args, **kwargs)  # post, deepnorm
         skip = x * self.omega if self.omega is not None else x * self.alpha if p == "deepnorm" else x
-        return self.norm(skip + out)
+        return self.norm(self.dropout.add(skip, out))
 
     def extra_repr(self) -> str:
         return f"placement={self.placement}, omega={self.omega is not None}"

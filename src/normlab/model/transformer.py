@@ -17,6 +17,7 @@ from torch import nn
 from typing import TYPE_CHECKING
 
 from normlab.model.attention import IncrementalCache, MultiheadAttention
+from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
 from normlab.model.aggregation import build_aggregation
@@ -38,7 +39,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d, ffn)
         self.fc2 = nn.Linear(ffn, d)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         self.inner_norm = inner_norm if inner_norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""normlab's Dropout: the CPU mask keeps each element with probability 1 - p (to 2^-17), kept
+elements scaled by 1 / P(keep) so the expectation is exact, limits p = 0 / 1 / eval, the fused
+residual add, and gradients."""
+import math
+
+import pytest
+import torch
+
+from normlab.model.dropout import Dropout, _keep_mask
+
+N = 200_000
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_keep_rate_and_exact_expectation(p):
+    torch.manual_seed(0)
+    d = Dropout(p).train()
+    x = torch.ones(N)
+    y = d(x)
+    kept = y.ne(0)
+    drop = round(p * 2 ** 16)
+    keep_p = 1 - drop / 2 ** 16
+    assert abs(keep_p - (1 - p)) <= 2 ** -17
+    sd = math.sqrt(keep_p * (1 - keep_p) / N)
+    assert abs(kept.float().mean().item() - keep_p) < 5 * sd  # a 5-sigma band: fails only if biased
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / keep_p))  # E[y] = x exactly
+    # Neighbours share one 64-bit draw: their masks must still be independent.
+    pairs = (kept[0::2] & kept[1::2]).float().mean().item()
+    assert abs(pairs - keep_p ** 2) < 5 * math.sqrt(keep_p ** 2 * (1 - keep_p ** 2) / (N // 2))
+
+
+def test_limits_and_eval_are_exact():
+    x = torch.randn(3, 5, 7)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+    assert torch.equal(Dropout(0.5).eval()(x), x)
+    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
+    r = torch.randn_like(x)
+    assert torch.equal(Dropout(0.5).eval().add(r, x), r + x)
+    assert torch.equal(Dropout(1.0).train().add(r, x), r)
+
+
+def test_same_seed_same_mask_and_add_equals_plus():
+    d = Dropout(0.2).train()
+    x, r = torch.randn(4, 9, 16), torch.randn(4, 9, 16)
+    torch.manual_seed(5)
+    a = d(x)
+    torch.manual_seed(5)
+    torch.testing.assert_close(d.add(r, x), r + a)
+    torch.manual_seed(5)
+    torch.testing.assert_close(d(x), a)
+
+
+def test_gradients_follow_the_mask():
+    d = Dropout(0.25).train()
+    x = torch.randn(6, 11, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(6, 11, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(6, 11, dtype=torch.float64)
+    torch.manual_seed(1)
+    y = d.add(r, x)
+    gx, gr = torch.autograd.grad(y, (x, r), g)
+    scale = (y - r).detach() / x.detach()  # 0 where dropped, 1 / P(keep) where kept
+    torch.testing.assert_close(gx, g * scale)
+    torch.testing.assert_close(gr, g)
+
+
+def test_mask_of_odd_sizes_and_other_devices_fall_back():
+    for n in (1, 3, 5, 4099):  # not a multiple of the four uniforms per draw
+        assert _keep_mask(torch.empty(n), 6554).shape == (n,)
+    assert Dropout(0.5).train()(torch.randn(8, dtype=torch.float64)).dtype == torch.float64
+    # Off the CPU (GPU; here the meta device) it is torch's own dropout.
+    assert Dropout(0.5).train()(torch.ones(100, device="meta")).device.type == "meta"
