@@ -72,10 +72,10 @@ class Normlab:
         self.forward = torch.compile(self.model) if compile else self.model
 
     def loss(self, b: dict) -> torch.Tensor:
-        from normlab.losses import label_smoothed_nll
+        from normlab.losses import model_loss
 
-        loss, _ = label_smoothed_nll(self.forward(b["src"], b["tgt_in"]), b["tgt_out"], 0.1, 0)
-        return loss / b["ntokens"]
+        # As Seq2SeqModule trains: output projection and loss in row chunks, no (B, T, V) logits.
+        return model_loss(self.forward, b["src"], b["tgt_in"], b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
 
 
 class XTransformers:

@@ -91,7 +91,9 @@ def summarize(events, steps: int) -> dict:
             node = _enclosing_node(e)
             comp = label_of_seq.get((node.sequence_nr, _norm(node.name))) if node is not None else None
             comp = comp or (_component(node.name) if node is not None else _component(e.name))
-        comp = comp or ("loss" if phase == "loss" else _component(e.name))
+        comp = comp or _component(e.name)
+        if phase == "loss" and comp != "matmul":  # normlab's loss also runs the output projection
+            comp = "loss"
         if phase == "optimizer":
             comp = "optimizer"
         table[phase, comp] += e.self_cpu_time_total / 1e3
@@ -146,8 +148,8 @@ def profile_setting(cls, shape, setting, batches, device, steps, trace=None):
 
 
 def _forward(peer, b):
-    if peer.name == "normlab":
-        return peer.model(b["src"], b["tgt_in"])
+    if peer.name == "normlab":  # as it trains: the loss applies the output projection (losses.model_loss)
+        return peer.model.output_projection.operands(peer.model(b["src"], b["tgt_in"], project=False))
     if peer.name == "x-transformers":
         return peer.logits(b["src"], b["tgt_in"])
     return None  # torch.nn.Transformer: all in "loss"
@@ -155,9 +157,9 @@ def _forward(peer, b):
 
 def _loss(peer, logits, b):
     if peer.name == "normlab":
-        from normlab.losses import label_smoothed_nll
+        from normlab.losses import projected_label_smoothed_nll
 
-        return label_smoothed_nll(logits, b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
+        return projected_label_smoothed_nll(*logits, b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
     if logits is not None:
         return P.label_smoothed_ce(logits, b["tgt_out"], b["ntokens"])
     return peer.loss(b)

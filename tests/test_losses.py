@@ -95,3 +95,63 @@ def test_second_backward_through_a_retained_graph_gives_the_same_gradient():
     first = logits.grad.clone()
     loss.backward()
     torch.testing.assert_close(logits.grad, 2 * first)
+
+
+@pytest.mark.parametrize("convention", ["uniform", "fairseq"])
+@pytest.mark.parametrize("chunk_rows", [1, 4, 1000])  # one row, a chunk across pad rows, all rows
+def test_projected_loss_equals_the_loss_of_the_logits(convention, chunk_rows, monkeypatch):
+    import normlab.losses as losses
+
+    monkeypatch.setitem(losses.CHUNK_ELEMENTS, "cpu", chunk_rows * 11)
+    _, target = _data(6)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    loss, nll = losses.projected_label_smoothed_nll(x, w, target, 0.2, PAD, convention)
+    ref_loss, ref_nll = label_smoothed_nll(x @ w.t(), target, 0.2, PAD, convention)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    torch.testing.assert_close(torch.autograd.grad(3 * loss, (x, w)), torch.autograd.grad(3 * ref_loss, (x, w)))
+    with torch.no_grad():
+        torch.testing.assert_close(losses.projected_label_smoothed_nll(x, w, target, 0.2, PAD, convention)[0], loss)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(norm={"placement": "pre", "type": "scalenorm", "fixnorm": True}),
+                                dict(tie_output_embeddings=False)])
+def test_model_loss_equals_the_loss_of_the_model_logits(kw):
+    from normlab.config import ModelConfig
+    from normlab.losses import model_loss
+    from normlab.model.transformer import Seq2SeqTransformer
+
+    torch.manual_seed(7)
+    model = Seq2SeqTransformer(ModelConfig(vocab_size=11, d_model=8, encoder_layers=1, decoder_layers=1,
+                                           encoder_ffn=16, decoder_ffn=16, encoder_heads=2, decoder_heads=2, **kw))
+    _, target = _data(8)
+    src = torch.randint(3, 11, (3, 4))
+    tgt_in = torch.randint(3, 11, (3, 5))
+    loss, nll = model_loss(model, src, tgt_in, target, 0.1, PAD)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    ref, ref_nll = label_smoothed_nll(model(src, tgt_in), target, 0.1, PAD)
+    ref_grads = torch.autograd.grad(ref, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close((loss, nll), (ref, ref_nll))
+    for a, b in zip(grads, ref_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_projected_loss_under_bf16_autocast():
+    from normlab.losses import projected_label_smoothed_nll
+
+    _, target = _data(9)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 5, 7, generator=g, requires_grad=True)
+    w = torch.randn(11, 7, generator=g, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = projected_label_smoothed_nll(x, w, target, 0.1, PAD)
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    ref = label_smoothed_nll(x @ w.t(), target, 0.1, PAD)[0]
+    ref_gx, ref_gw = torch.autograd.grad(ref, (x, w))
+    assert loss.dtype == torch.float32 and gx.dtype == gw.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=0)
+    torch.testing.assert_close((gx, gw), (ref_gx, ref_gw), rtol=5e-2, atol=2e-2)

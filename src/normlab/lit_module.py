@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from normlab.config import ModelConfig
 from normlab.evaluation import make_decoder, ordered, score, translate_batches
-from normlab.losses import label_smoothed_nll
+from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
 
@@ -52,9 +52,10 @@ class Seq2SeqModule(L.LightningModule):
 
     # ---- training ---------------------------------------------------------------------------
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
-        logits = self.model(batch["src"], batch["tgt_in"])
-        loss, nll = label_smoothed_nll(logits, batch["tgt_out"], self.optim_cfg["label_smoothing"],
-                                       self.model_cfg.pad_id, self.optim_cfg.get("label_smoothing_convention", "uniform"))
+        # The output projection and the loss in row chunks: no (B, T, V) logits (losses.model_loss).
+        loss, nll = model_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"],
+                               self.optim_cfg["label_smoothing"], self.model_cfg.pad_id,
+                               self.optim_cfg.get("label_smoothing_convention", "uniform"))
         # collate counts the non-pad labels on the host: no device sync per step to read it back
         ntok = batch.get("ntokens")
         ntok = int(batch["tgt_out"].ne(self.model_cfg.pad_id).sum()) if ntok is None else int(ntok)

@@ -8,10 +8,12 @@ Two conventions exist and papers rarely say which they used:
 PAD targets never count: they are masked out of both terms.
 
 Both are loss = a·nll + b·smooth per token, with nll = -log p_y and smooth = -Σ_v log p_v, so the
-gradient wrt the logits has a closed form: keep · ((a + b·V)·softmax - a·onehot - b). The
-autograd Function below saves only the log-probabilities and computes that gradient in place in
-one new (N, V) tensor (autograd through log_softmax, gather and sum would allocate four: the
-gather's scattered zeros, the sum's expanded gradient, their sum and log_softmax's gradient). Pads are masked by multiplication, not boolean indexing, which would
+gradient wrt the logits has a closed form: keep · ((a + b·V)·softmax - a·onehot - b). From
+logits, the autograd Function saves only the log-probabilities and computes that gradient in place
+in one new (N, V) tensor (autograd through log_softmax, gather and sum would allocate four: the
+gather's scattered zeros, the sum's expanded gradient, their sum and log_softmax's gradient).
+Training goes further (`model_loss`): the output projection and the loss are taken together in
+row chunks, so the (N, V) logits never exist at all. Pads are masked by multiplication, not boolean indexing, which would
 read the mask back to the host (a device sync per step on GPU).
 """
 from __future__ import annotations
@@ -21,6 +23,32 @@ import torch
 CONVENTIONS = ("uniform", "fairseq")
 
 
+def _sums(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # (Σ nll, Σ smooth) over kept rows; lprobs (N, V), target (N,), keep (N,) 0/1 floats.
+    nll = -(lprobs.gather(1, target[:, None]).squeeze(1) * keep).sum()
+    return nll, -(lprobs.sum(dim=-1) * keep).sum()
+
+
+def _logit_grad_(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, coef_onehot: torch.Tensor,
+                 coef_uniform: torch.Tensor) -> torch.Tensor:
+    # In place: log-probs -> keep · ((c_1 + c_u·V)·p - c_1·onehot - c_u), the gradient wrt the logits
+    # of c_1·nll + c_u·smooth. Coefficients are 0-dim tensors: nothing is read back to the host.
+    grad = lprobs.exp_()  # (N, V) softmax
+    grad.mul_(((coef_onehot + coef_uniform * lprobs.size(1)) * keep)[:, None])
+    grad.scatter_add_(1, target[:, None], (-coef_onehot * keep)[:, None])
+    return grad.sub_((coef_uniform * keep)[:, None])
+
+
+def _coefficients(eps: float, V: int, convention: str) -> tuple[float, float]:
+    # loss = a·nll + b·smooth for each convention (module docstring).
+    if convention not in CONVENTIONS:
+        raise ValueError(f"label smoothing convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
+    if convention == "uniform":
+        return 1.0 - eps, eps / V
+    b = eps / (V - 1)
+    return 1.0 - eps - b, b
+
+
 class _SmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, a: float, b: float, pad_id: int):
@@ -28,39 +56,81 @@ class _SmoothedNLL(torch.autograd.Function):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         lprobs = torch.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V)
         keep = target.ne(pad_id).to(dtype)  # (N,)
-        nll = -(lprobs.gather(1, target[:, None]).squeeze(1) * keep).sum()
-        smooth = -(lprobs.sum(dim=-1) * keep).sum()
+        nll, smooth = _sums(lprobs, target, keep)
         ctx.save_for_backward(lprobs, target, keep)
         ctx.a, ctx.b, ctx.logits_dtype = a, b, logits.dtype
         return a * nll + b * smooth, nll
 
     @staticmethod
     def backward(ctx, g_loss, g_nll):
-        # d(a·nll + b·smooth)/dlogits = (a + b·V)·p - a·onehot - b per kept row; the nll output adds
-        # g_nll·(p - onehot). The saved log-probs stay intact (retain_graph, gradcheck).
+        # d(a·nll + b·smooth) = (a + b·V)·p - a·onehot - b per kept row; the nll output adds
+        # g_nll·(p - onehot). A copy of the saved log-probs (kept for retain_graph) becomes it.
         lprobs, target, keep = ctx.saved_tensors
-        V = lprobs.size(1)
         zero = lprobs.new_zeros(())
         g_loss = zero if g_loss is None else g_loss
         g_nll = zero if g_nll is None else g_nll
-        coef_onehot = g_loss * ctx.a + g_nll  # 0-dim, stays on the device: no host sync
-        coef_uniform = g_loss * ctx.b
-        grad = lprobs.exp()  # (N, V) softmax, then in place
-        grad.mul_(((coef_onehot + coef_uniform * V) * keep)[:, None])
-        grad.scatter_add_(1, target[:, None], (-coef_onehot * keep)[:, None])
-        grad.sub_((coef_uniform * keep)[:, None])
+        grad = _logit_grad_(lprobs.clone(), target, keep, g_loss * ctx.a + g_nll, g_loss * ctx.b)
         return grad.to(ctx.logits_dtype), None, None, None, None
 
 
 def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, eps: float, pad_id: int,
                        convention: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (smoothed loss, nll), both summed over the non-pad tokens."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"label smoothing convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
     V = logits.size(-1)
-    if convention == "uniform":
-        a, b = 1.0 - eps, eps / V
-    else:
-        b = eps / (V - 1)
-        a = 1.0 - eps - b
+    a, b = _coefficients(eps, V, convention)
     return _SmoothedNLL.apply(logits.reshape(-1, V), target.reshape(-1), a, b, pad_id)
+
+
+# Rows of logits per chunk: 4M elements (16 MB in fp32) stays in the CPU allocator's reusable heap
+# (glibc maps larger blocks afresh each time); on GPU larger chunks mean fewer kernel launches.
+CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
+
+
+class _ProjectedSmoothedNLL(torch.autograd.Function):
+    # The loss of logits = x Wᵀ, taken in row chunks: each chunk's logits become its gradient in
+    # place and are multiplied out into dL/dx and dL/dW at once (as in Liger's fused linear
+    # cross-entropy), so no (N, V) tensor exists; backward only scales the two by dL/dloss.
+    @staticmethod
+    def forward(ctx, x, weight, target, a: float, b: float, pad_id: int, grads: bool):
+        N, V = x.size(0), weight.size(0)
+        rows = max(1, CHUNK_ELEMENTS.get(x.device.type, 1 << 22) // V)
+        acc = torch.promote_types(x.dtype, torch.float32)
+        one = torch.ones((), dtype=acc, device=x.device)
+        loss, nll = x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc)
+        gx = torch.empty_like(x) if grads else None
+        gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if grads else None
+        for i in range(0, N, rows):
+            xc, tc = x[i:i + rows], target[i:i + rows]
+            lprobs = torch.log_softmax(xc @ weight.t(), dim=-1, dtype=acc)  # (C, V)
+            keep = tc.ne(pad_id).to(acc)
+            n, s = _sums(lprobs, tc, keep)
+            loss, nll = loss + a * n + b * s, nll + n
+            if grads:
+                g = _logit_grad_(lprobs, tc, keep, one * a, one * b).to(x.dtype)  # (C, V)
+                gx[i:i + rows] = g @ weight
+                gw += g.t() @ xc
+        ctx.save_for_backward(gx, gw)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, g_loss, g_nll):
+        gx, gw = ctx.saved_tensors
+        return gx * g_loss, (gw * g_loss).to(ctx.weight_dtype), None, None, None, None, None
+
+
+def projected_label_smoothed_nll(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float,
+                                 pad_id: int, convention: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
+    """label_smoothed_nll(x @ weight.T, ...) for x (..., D), weight (V, D), without the logits tensor.
+    Only the loss is differentiable (the nll is for logging)."""
+    a, b = _coefficients(eps, weight.size(0), convention)
+    grads = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    return _ProjectedSmoothedNLL.apply(x.reshape(-1, x.size(-1)), weight, target.reshape(-1), a, b, pad_id, grads)
+
+
+def model_loss(model, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, eps: float, pad_id: int,
+               convention: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
+    """The training loss of a Seq2SeqTransformer: (smoothed loss, nll) summed over non-pad targets."""
+    x, weight = model.output_projection.operands(model(src, tgt_in, project=False))
+    return projected_label_smoothed_nll(x, weight, tgt_out, eps, pad_id, convention)

@@ -106,9 +106,14 @@ class OutputProjection(nn.Module):
         self.g = nn.Parameter(torch.tensor(math.sqrt(d))) if fixnorm and not scaled_input else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(*self.operands(x))  # (B, T, V)
+
+    def operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # (x', W') with logits = x' W'ᵀ, so the training loss can take the product in row chunks
+        # (losses.projected_label_smoothed_nll) without materialising the (B, T, V) logits.
         weight = self.tied.weight if self.tied is not None else self.untied.weight  # (V, D)
         if not self.fixnorm:
-            return F.linear(x, weight)  # (B, T, V)
+            return x, weight
         if self.g is None:
-            return F.linear(x, F.normalize(weight, dim=-1))  # x = g·x̂/‖x̂‖ from the final ScaleNorm
-        return self.g * F.linear(F.normalize(x, dim=-1), F.normalize(weight, dim=-1))
+            return x, F.normalize(weight, dim=-1)  # x = g·x̂/‖x̂‖ from the final ScaleNorm
+        return self.g * F.normalize(x, dim=-1), F.normalize(weight, dim=-1)

@@ -201,8 +201,12 @@ class Seq2SeqTransformer(nn.Module):
         """Every residual block, encoder then decoder, in forward order; consumes no LayerDrop draw."""
         return [nb for key, stack in self.stacks().items() for nb in stack.residual_blocks(key)]
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, project: bool = True) -> torch.Tensor:
+        # project=False: the decoder's output states (B, T, D), for a loss that applies the output
+        # projection itself (losses.model_loss: no (B, T, V) logits in training).
         memory, src_pad_mask = self.encode(src)
+        if not project:
+            return self.decoder(tgt_in, memory, src_pad_mask)
         return self.decode(tgt_in, memory, src_pad_mask)  # (B, T, V)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
