@@ -4,7 +4,8 @@ Attention(Q, K, V) = softmax(QKᵀ/√d_k) V (Vaswani et al. 2017, 3.2.1); SDPA 
 that with its default scale 1/√d_k and picks a fused kernel, so there is no slow path in training.
 Projections are separate q/k/v/out `nn.Linear`s with bias so `torch.nn.MultiheadAttention`
 weights copy in (its in_proj_weight rows are [q; k; v]); kdim/vdim let the decoder attend to an
-encoder of another width.
+encoder of another width. Self-attention runs q, k and v as one matmul, cross-attention k and v
+of the memory (`_fused`).
 Optional behaviour is injected as modules that default to nn.Identity (torchtune's pattern):
 `drophead` acts on the per-head outputs (B, H, T, Dh) (Scheduled DropHead, Zhou et al. 2020:
 normlab.regularizers.drophead), `inner_norm` on the merged heads (B, T, D) before the output
@@ -76,8 +77,7 @@ class MultiheadAttention(nn.Module):
         # key_padding_mask: (B, S) bool, True = pad (ignored). head_mask: (B, H), multiplies each
         # head's output (e.g. to measure head importance); training-time DropHead is `drophead`.
         B, T, _ = x.shape
-        q = self._split(self.q_proj(x))  # (B, H, T, Dh)
-        k, v = self._keys_values(x, memory, cache)  # (B / G, H, S, Dh) each
+        q, k, v = self._qkv(x, memory, cache)  # (B, H, T, Dh); (B / G, H, S, Dh) each
         G = _group(B, k.size(0))
         if G > 1:  # G hypotheses per source row (beam search): their queries share the source's keys
             q = q.view(-1, G, self.num_heads, T, self.head_dim).transpose(1, 2).flatten(2, 3)  # (B/G, H, G·T, Dh)
@@ -96,19 +96,21 @@ class MultiheadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def _keys_values(self, x, memory, cache):
+    def _qkv(self, x, memory, cache):
         if memory is not None:
             # Cross-attention: the encoder's keys/values depend only on the source, so a cache
             # computes them at the first step, once per source row, and reuses them for every later
             # step and every hypothesis of that source.
+            q = self._split(self.q_proj(x))
             state = cache.source_state(self) if cache is not None else None
             if state:
-                return state["k"], state["v"]
-            k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+                return q, state["k"], state["v"]
+            k, v = _fused(memory, self.k_proj, self.v_proj)
+            k, v = self._split(k), self._split(v)
             if state is not None:
                 state["k"], state["v"] = k, v
-            return k, v
-        k, v = self._split(self.k_proj(x)), self._split(self.v_proj(x))
+            return q, k, v
+        q, k, v = (self._split(t) for t in _fused(x, self.q_proj, self.k_proj, self.v_proj))
         if cache is not None:
             # Self-attention: append this step's keys/values to the prefix's.
             state = cache.state(self)
@@ -116,10 +118,19 @@ class MultiheadAttention(nn.Module):
                 k = torch.cat([state["k"], k], dim=2)  # (B, H, S_prev + T, Dh)
                 v = torch.cat([state["v"], v], dim=2)
             state["k"], state["v"] = k, v
-        return k, v
+        return q, k, v
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, heads={self.num_heads}, dropout={self.dropout}"
+
+
+def _fused(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    # Projections of one input in one matmul (fused QKV; KV of the memory): the weights are
+    # concatenated per call (a d x d copy each, negligible next to the activations) so the separate
+    # q/k/v Linear modules stay as they are (state dict, copies from nn.MultiheadAttention, Admin).
+    weight = torch.cat([lin.weight for lin in linears])  # (n·D, in)
+    bias = torch.cat([lin.bias for lin in linears])
+    return F.linear(x, weight, bias).split([lin.out_features for lin in linears], dim=-1)  # views of (B, T, n·D)
 
 
 def _group(queries: int, keys: int) -> int:
