@@ -85,7 +85,8 @@ class XTransformers:
         from x_transformers import XTransformer
 
         # Post-norm like the others; attn_flash = its SDPA path (faster here than its einsum path).
-        kw = dict(pre_norm=False, heads=s.heads, depth=s.layers, ff_mult=s.ffn // s.d, attn_flash=True,
+        kw = dict(pre_norm=False, heads=s.heads, attn_dim_head=s.d // s.heads, depth=s.layers, ff_mult=s.ffn // s.d,
+                  attn_flash=True,
                   ff_dropout=drop["activation"] or drop["residual"], attn_dropout=drop["attention"],
                   emb_dropout=drop["embedding"])
         self.model = XTransformer(dim=s.d, tie_token_emb=True, ignore_index=0, pad_value=0,

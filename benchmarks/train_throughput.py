@@ -2,10 +2,11 @@
 
 Three dropout settings (the papers' regularisation, dropout 0.1 everywhere, none) x three models
 at the reference config (peers.py), the same batches for all, a full step each (forward,
-label-smoothed loss, backward, Adam). The nine models take turns step-block by step-block for
---rounds rounds, so machine load hits them alike; the table gives target tokens/s per step
+label-smoothed loss, backward, Adam). The nine models take turns step by step for --rounds
+rounds of --steps batches, so machine load hits them alike; the table gives target tokens/s per step
 (min / median / max), MFU against the fp32 matmul peak measured at the start of the same run,
-peak memory of one step, and normlab's median over each model's. Then the Lightning loop's
+peak memory of one step, and normlab / model: the median over steps of the ratio of normlab's
+step to the other model's adjacent step (robust to load that changes during the run). Then the Lightning loop's
 overhead over a plain PyTorch loop on the same model and batches (lightning_overhead.py).
 
     python benchmarks/train_throughput.py                         # the record: CPU, all settings
@@ -90,9 +91,10 @@ def main(argv=None) -> dict:
         if not args.no_memory:
             with amp():
                 r["peak_mib"] = P.peak_step_memory(r["peer"], r["opt"], batches[0], device) / 2 ** 20
-    for _ in range(args.rounds):
-        for r in runs:
-            r["tok_s"] += [b["ntokens"] / step(r, b) for b in batches]
+    for _ in range(args.rounds):  # models take turns step by step, so load hits them alike
+        for b in batches:
+            for r in runs:
+                r["tok_s"].append(b["ntokens"] / step(r, b))
 
     flops = sum(P.step_flops(shape, b) for b in batches) / sum(b["ntokens"] for b in batches)  # per token
     print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
@@ -108,16 +110,18 @@ def main(argv=None) -> dict:
         print(f"\n{setting}: {P.SETTING_TEXT[setting]}")
         print(f"{'model':<22} {'params':>11} {'tok/s min':>10} {'median':>8} {'max':>8} {'MFU':>6} "
               f"{'peak MiB':>9} {'normlab/model':>14}")
-        ours = next((P.quantiles(r["tok_s"])[1] for r in rows if r["peer"].name == "normlab"), float("nan"))
+        ours = next((r["tok_s"] for r in rows if r["peer"].name == "normlab"), None)
         result["settings"][setting] = {}
         for r in rows:
             lo, med, hi = P.quantiles(r["tok_s"])
             mfu = med * flops / peak
+            # normlab / model: median over steps of the ratio of the two models' adjacent steps
+            paired = P.quantiles([a / b for a, b in zip(ours, r["tok_s"])])[1] if ours else float("nan")
             print(f"{r['peer'].name:<22} {r['params']:>11,} {P.fmt_int(lo):>10} {P.fmt_int(med):>8} "
-                  f"{P.fmt_int(hi):>8} {mfu:>6.2f} {r.get('peak_mib', float('nan')):>9.0f} {ours / med:>14.2f}")
+                  f"{P.fmt_int(hi):>8} {mfu:>6.2f} {r.get('peak_mib', float('nan')):>9.0f} {paired:>14.2f}")
             result["settings"][setting][r["peer"].name] = {
                 "params": r["params"], "tok_s_min": lo, "tok_s_median": med, "tok_s_max": hi, "mfu": mfu,
-                "peak_mib": r.get("peak_mib"), "normlab_over_model": ours / med, "warmup_s": r["warmup_s"]}
+                "peak_mib": r.get("peak_mib"), "normlab_over_model": paired, "warmup_s": r["warmup_s"]}
     if args.compile:
         for r in runs:
             if r["peer"].name == "normlab":
