@@ -4,7 +4,7 @@ loop (forward, loss, backward, Adam, LR schedule) on the same model, weights and
 The model and batches are `make train`'s (conf/model/tiny.yaml + pre-norm, the bundled corpus at
 max_tokens 2048); the Trainer is configured as conf/trainer/cpu.yaml (progress bar, a logger
 every 25 steps) without validation or checkpoints, which are work, not loop overhead. The two
-loops take turns for --rounds rounds; overhead = Lightning's time / the plain loop's - 1 over the
+loops take turns for --rounds rounds (alternating which goes first); overhead = Lightning's time / the plain loop's - 1 over the
 same steps (the first --warmup steps of each round untimed).
 
     python benchmarks/lightning_overhead.py [--steps 60] [--rounds 3]
@@ -101,9 +101,13 @@ def measure(steps: int = 60, rounds: int = 3, warmup: int = 5, small: bool = Fal
     ours = _module(small)
     plain = copy.deepcopy(ours).to(device)
     ratios = []
-    for _ in range(rounds):
-        t_l = _lightning(ours, batches, warmup, device)
-        t_p = _plain(plain, batches, warmup, device)
+    for r in range(rounds):  # alternate which loop goes first, so a load trend favours neither
+        if r % 2:
+            t_p = _plain(plain, batches, warmup, device)
+            t_l = _lightning(ours, batches, warmup, device)
+        else:
+            t_l = _lightning(ours, batches, warmup, device)
+            t_p = _plain(plain, batches, warmup, device)
         ratios.append(t_l / t_p - 1.0)
     lo, med, hi = P.quantiles(ratios)
     tokens = sum(b["ntokens"] for b in batches[warmup:])

@@ -69,3 +69,9 @@ def test_mask_of_odd_sizes_and_other_devices_fall_back():
     assert Dropout(0.5).train()(torch.randn(8, dtype=torch.float64)).dtype == torch.float64
     # Off the CPU (GPU; here the meta device) it is torch's own dropout.
     assert Dropout(0.5).train()(torch.ones(100, device="meta")).device.type == "meta"
+
+
+def test_under_torch_compile_it_is_torchs_dropout():
+    d = torch.compile(Dropout(0.5).train(), backend="aot_eager")
+    y = d(torch.ones(4000))
+    assert set(y.unique().tolist()) <= {0.0, 2.0} and 0.4 < y.ne(0).float().mean().item() < 0.6

@@ -81,7 +81,7 @@ class Seq2SeqModule(L.LightningModule):
 
     def _logging_step(self) -> bool:
         connector = getattr(self._trainer, "_logger_connector", None)  # None outside Trainer.fit
-        return connector is not None and connector.should_update_logs
+        return connector is not None and getattr(connector, "should_update_logs", True)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()

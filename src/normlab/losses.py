@@ -33,10 +33,9 @@ def _logit_grad_(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor,
                  coef_uniform: torch.Tensor) -> torch.Tensor:
     # In place: log-probs -> keep · ((c_1 + c_u·V)·p - c_1·onehot - c_u), the gradient wrt the logits
     # of c_1·nll + c_u·smooth. Coefficients are 0-dim tensors: nothing is read back to the host.
-    grad = lprobs.exp_()  # (N, V) softmax
-    grad.mul_(((coef_onehot + coef_uniform * lprobs.size(1)) * keep)[:, None])
-    grad.scatter_add_(1, target[:, None], (-coef_onehot * keep)[:, None])
-    return grad.sub_((coef_uniform * keep)[:, None])
+    scale = ((coef_onehot + coef_uniform * lprobs.size(1)) * keep)[:, None]  # (N, 1)
+    grad = torch.addcmul(-(coef_uniform * keep)[:, None], lprobs.exp_(), scale, out=lprobs)  # one pass
+    return grad.scatter_add_(1, target[:, None], (-coef_onehot * keep)[:, None])
 
 
 def _coefficients(eps: float, V: int, convention: str) -> tuple[float, float]:
@@ -101,7 +100,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if grads else None
         for i in range(0, N, rows):
             xc, tc = x[i:i + rows], target[i:i + rows]
-            lprobs = torch.log_softmax(xc @ weight.t(), dim=-1, dtype=acc)  # (C, V)
+            logits = xc @ weight.t()  # (C, V)
+            lprobs = torch.log_softmax(logits, dim=-1, dtype=acc if logits.dtype != acc else None)
             keep = tc.ne(pad_id).to(acc)
             n, s = _sums(lprobs, tc, keep)
             loss, nll = loss + a * n + b * s, nll + n
