@@ -4,8 +4,8 @@ loop (forward, loss, backward, Adam, LR schedule) on the same model, weights and
 The model and batches are `make train`'s (conf/model/tiny.yaml + pre-norm, the bundled corpus at
 max_tokens 2048); the Trainer is configured as conf/trainer/cpu.yaml (progress bar, a logger
 every 25 steps) without validation or checkpoints, which are work, not loop overhead. The two
-loops take turns for --rounds rounds (alternating which goes first); overhead = Lightning's time / the plain loop's - 1 over the
-same steps (the first --warmup steps of each round untimed).
+loops take turns for --rounds rounds (alternating which goes first); overhead = Lightning's
+time / the plain loop's - 1 over the same steps (the first --warmup steps of each round untimed).
 
     python benchmarks/lightning_overhead.py [--steps 60] [--rounds 3]
 """
