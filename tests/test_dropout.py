@@ -75,3 +75,13 @@ def test_under_torch_compile_it_is_torchs_dropout():
     d = torch.compile(Dropout(0.5).train(), backend="aot_eager")
     y = d(torch.ones(4000))
     assert set(y.unique().tolist()) <= {0.0, 2.0} and 0.4 < y.ne(0).float().mean().item() < 0.6
+
+
+def test_fused_add_still_runs_forward_hooks_on_the_dropout():
+    d = Dropout(0.3).train()
+    seen = []
+    d.register_forward_hook(lambda m, args, out: seen.append(out))
+    x, r = torch.randn(5, 8), torch.randn(5, 8)
+    y = d.add(r, x)
+    assert len(seen) == 1
+    torch.testing.assert_close(y, r + seen[0])
