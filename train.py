@@ -5,24 +5,10 @@ Examples:
     python train.py norm=postnorm model.encoder_layers=6 seed=3
     python train.py -m norm=postnorm,prenorm model.encoder_layers=6,12
     python train.py --help                            # config groups and options
+
+The same as `normlab-train` and `python -m normlab.commands.train` (src/normlab/commands/train.py).
 """
-import hydra
-from omegaconf import DictConfig
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    from normlab.failure import record_failure
-    from normlab.train import run  # imported late so `--help` stays fast
-
-    try:
-        results = run(cfg)
-    except Exception as err:  # results.json: status failed; a multirun goes on, a single run exits 1
-        if record_failure(cfg, err):
-            return None
-        raise
-    return results.get("valid_bleu")  # the value an Optuna sweeper maximises (None: Optuna marks the trial failed)
-
+from normlab.commands.train import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -60,3 +60,18 @@ def tiny_overrides(corpus: dict[str, str], run_dir: Path, cache: Path) -> list[s
 def compose_cfg(overrides: list[str]):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
+
+
+class CrashAtStep:
+    """A callback that raises at a given step (a bug in the middle of training, for failure tests):
+    `+callbacks.crash._target_=conftest.CrashAtStep +callbacks.crash.step=2` with PYTHONPATH=tests."""
+
+    def __new__(cls, step: int = 1):
+        from lightning.pytorch.callbacks import Callback
+
+        class _Crash(Callback):
+            def on_train_batch_end(self, trainer, *args):
+                if trainer.global_step >= step:
+                    raise RuntimeError(f"crash at step {trainer.global_step} (conftest.CrashAtStep)")
+
+        return _Crash()

@@ -158,7 +158,7 @@ def test_translate_round_trip(trained, tmp_path, monkeypatch, capsys):
     assert (tmp_path / "e.hyp").read_text() == out.read_text()
     # stdin -> stdout
     capsys.readouterr()
-    monkeypatch.setattr(sys, "stdin", io.StringIO(src.read_text()))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes()), encoding="utf-8"))
     assert call(translate.main, run_dir, "--max-tokens", 1024, *DECODE) == 0
     assert capsys.readouterr().out == out.read_text()
     # n-best: index, score, text; sorted; the first is the 1-best
@@ -190,7 +190,12 @@ def test_average_command_on_a_run(trained, tmp_path, capsys):
     assert tok is not None and not model.training
     assert call(evaluate.main, out, "--src", corpus["test_src"], "--ref", corpus["test_tgt"],
                 "--output", tmp_path / "avg.json", *DECODE) == 0
-    assert call(average.main, run_dir, "--last", 2, "--output", out) == 2
+    # the same average again (as the README's `average $RUN --last 5` after training wrote it): left as it is
+    capsys.readouterr()
+    assert call(average.main, run_dir, "--last", 2, "--output", out) == 0
+    assert "already the average" in capsys.readouterr().out
+    # another average into an existing file: refused without --force
+    assert call(average.main, steps[-1], steps[-1], "--output", out) == 2
     assert "exists" in capsys.readouterr().err
     # two identical checkpoints average to the same weights
     same = tmp_path / "same.ckpt"

@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT, tiny_overrides
 
 
-def _train(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+def _train(args: list[str], cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -77,13 +77,24 @@ def test_multirun_records_a_failed_job_and_runs_the_others(small_corpus, tmp_pat
     assert all({"init:xavier", "enc:2", "seed:1"} <= tags for tags in seen.values())
 
 
-def test_single_run_that_fails_exits_nonzero_and_still_leaves_results(small_corpus, tmp_path):
+def test_single_run_with_a_bad_corpus_is_one_line_and_leaves_no_folder(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     p = _train([f"data.train_src={tmp_path / 'missing.de'}", *_tiny(small_corpus, tmp_path),
                 f"hydra.run.dir={run_dir}"])
-    assert p.returncode != 0
-    assert "missing.de" in p.stderr
-    assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+    assert p.returncode == 2
+    assert p.stderr.splitlines()[-1] == f"error: {tmp_path / 'missing.de'}: corpus file not found", p.stderr
+    assert "Traceback" not in p.stderr + p.stdout and not run_dir.exists()
+
+
+def test_single_run_that_crashes_exits_nonzero_and_still_leaves_results(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    p = _train([f"data.train_src={small_corpus['train_src']}", *_tiny(small_corpus, tmp_path),
+                "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=1",
+                f"hydra.run.dir={run_dir}"], env={"PYTHONPATH": str(ROOT / "tests")})
+    assert p.returncode == 1
+    assert "Traceback" in p.stderr and "crash at step 1" in p.stderr  # a bug keeps its traceback
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "failed" and "crash at step 1" in results["error"]
 
 
 @pytest.mark.slow

@@ -1,21 +1,34 @@
-"""Checkpoints that are never half-written, and loading a model without Lightning or Hydra.
+"""Checkpoints that are never half-written, loaded without running code, and a model rebuilt
+without Lightning or Hydra.
 
 A Lightning checkpoint from normlab carries `model_config` (the ModelConfig as a dict) and
 `tokenizer_proto` (the sentencepiece model bytes), so `load_model(path)` rebuilds the network
-and its tokenizer in a plain Python session.
+and its tokenizer in a plain Python session (this module imports neither Lightning nor Hydra;
+Lightning's checkpoint plugin lives in normlab.checkpoint_io).
+
+`load_checkpoint` is the one loader of every command, of resume / fine-tune and of Lightning's
+own restore path (AtomicCheckpointIO): weights-only unpickling, so a shared checkpoint can hold
+tensors and plain values but never code that runs on load; an unreadable file (empty,
+truncated, not a checkpoint) is a `CheckpointError` naming it.
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from normlab.config import ModelConfig
+from normlab.errors import UserError
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot be used: missing, unreadable, unsafe or not normlab's."""
 
 
 def atomic_write_bytes(path: str | os.PathLike, write) -> None:
@@ -39,27 +52,48 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_bytes(path, lambda f: f.write(json.dumps(data, indent=2, sort_keys=True).encode()))
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's TorchCheckpointIO, but saved via temp file + rename (a crash never leaves a
-    truncated checkpoint behind the name `last.ckpt`)."""
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
+    """The checkpoint dict, unpickled weights-only on CPU (mmap: tensors are read on first use)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(str(path), "is a folder, not a checkpoint file" if path.is_dir()
+                              else "no such checkpoint file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(str(path), "empty file, not a checkpoint")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "weights only load failed" in str(e).lower():
+            found = re.search(r"GLOBAL (\S+)", str(e))
+            raise CheckpointError(
+                str(path), f"refused: it holds a Python object ({found.group(1) if found else 'a global'}) that "
+                "loading would construct or call; normlab loads only tensors and plain values from a checkpoint"
+            ) from None
+        raise CheckpointError(str(path), f"not a readable checkpoint ({_first_line(e)})") from None
+    except Exception as e:  # truncated zip, a text file, a pickle cut short: any of torch's errors
+        raise CheckpointError(str(path), f"not a readable checkpoint, truncated or not a torch file "
+                                         f"({type(e).__name__}: {_first_line(e)})") from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(str(path), f"not a checkpoint (a torch file holding a {type(ckpt).__name__})")
+    return ckpt
 
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        if "://" in str(path):  # remote filesystems (s3://, gs://): Lightning's own writer
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def model_from_checkpoint(ckpt: dict):
+def model_from_checkpoint(ckpt: dict, source: str | os.PathLike = "checkpoint"):
     from normlab.model.transformer import Seq2SeqTransformer
 
+    if not isinstance(ckpt.get("model_config"), dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise CheckpointError(str(source), "not a normlab checkpoint (no model_config / state_dict)")
     cfg = ModelConfig.from_dict(ckpt["model_config"])
     model = Seq2SeqTransformer(cfg)
     state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(str(source), f"its weights do not fit its model_config ({_first_line(e)})") from None
     return model.eval()
 
 
@@ -70,21 +104,50 @@ def load_model(path: str | os.PathLike):
     path = resolve_checkpoint(path)
     ckpt = load_checkpoint(path)
     tok = Tokenizer.from_proto(ckpt["tokenizer_proto"]) if "tokenizer_proto" in ckpt else None
-    return model_from_checkpoint(ckpt), tok
+    return model_from_checkpoint(ckpt, path), tok
+
+
+def recorded_score(path: str | os.PathLike) -> tuple[float, str] | None:
+    """(score, mode) that ModelCheckpoint recorded in a top-k checkpoint when it saved it (the
+    entry of its best_k_models for this file), or None. Tensors are memory-mapped, not read."""
+    callbacks = load_checkpoint(path, mmap=True).get("callbacks") or {}
+    for key, state in callbacks.items():
+        if not (str(key).startswith("ModelCheckpoint") and isinstance(state, dict)):
+            continue
+        for saved, score in (state.get("best_k_models") or {}).items():
+            if Path(str(saved)).name == Path(path).name and score is not None:
+                mode = re.search(r"'mode': '(\w+)'", str(key))
+                return float(score), mode.group(1) if mode else "max"
+    return None
+
+
+def _step_of(path: Path) -> int:
+    m = re.search(r"step(\d+)", path.name)
+    return int(m.group(1)) if m else -1
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A run folder resolves to its best checkpoint, else last.ckpt."""
+    """A run folder resolves to its best checkpoint (by the score ModelCheckpoint recorded in each
+    best*.ckpt; ties and unscored files: the latest step), else last.ckpt."""
     path = Path(path)
     if path.is_file():
         return path
+    if not path.is_dir():
+        raise CheckpointError(str(path), "no such checkpoint file or run folder")
     ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    best = sorted(p for p in ckdir.glob("best*.ckpt"))
+    best = sorted(ckdir.glob("best*.ckpt"), key=_step_of)
+    if len(best) > 1:
+        def rank(p: Path) -> tuple:
+            rec = recorded_score(p)
+            if rec is None:
+                return (0, 0.0, _step_of(p))
+            score, mode = rec
+            return (1, score if mode == "max" else -score, _step_of(p))
+        best = [max(best, key=rank)]
     for cand in best + [ckdir / "last.ckpt"]:
         if cand.is_file():
             return cand
-    raise FileNotFoundError(f"no checkpoint found at {path} (looked for a .ckpt file, "
-                            f"{ckdir}/best*.ckpt and {ckdir}/last.ckpt)")
+    raise CheckpointError(str(path), f"no checkpoint found (looked for {ckdir}/best*.ckpt and {ckdir}/last.ckpt)")
 
 
 def save_model(path: str | os.PathLike, model, tokenizer_proto: bytes | None = None, **extra: Any) -> Path:
@@ -96,3 +159,12 @@ def save_model(path: str | os.PathLike, model, tokenizer_proto: bytes | None = N
         ckpt["tokenizer_proto"] = tokenizer_proto
     atomic_write_bytes(path, lambda f: torch.save(ckpt, f))
     return Path(path)
+
+
+def __getattr__(name: str):
+    # Kept importable from here (train.py, tests) without importing Lightning for load_model.
+    if name == "AtomicCheckpointIO":
+        from normlab.checkpoint_io import AtomicCheckpointIO
+
+        return AtomicCheckpointIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from normlab.errors import UserError
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
@@ -22,27 +23,40 @@ from normlab.model.residual import PLACEMENTS
 from normlab.regularizers.layerdrop import RATES as LAYERDROP_RATES
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key."""
+class ConfigError(UserError, ValueError):
+    """An invalid configuration value: `<key>: <what> (allowed: ...)`."""
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, key: str, what: str, allowed: Any = None) -> None:
     if not cond:
-        raise ConfigError(msg)
+        raise ConfigError(key, what, allowed)
+
+
+def _is_num(value: Any, integer: bool = False) -> bool:
+    return isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+
+
+def _value(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool = False, null: bool = False) -> None:
+    """A number (an int with integer=True; None with null=True) for which ok(value) holds."""
+    if value is None and null:
+        return
+    _check(_is_num(value, integer) and ok(value), key, f"{value!r} is not valid", allowed)
 
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:
-    _check(value in allowed, f"{key}={value!r} is not valid; allowed values: {', '.join(map(str, allowed))}")
+    _check(value in allowed, key, f"{value!r} is not valid", allowed)
 
 
 def _prob(key: str, value: float) -> None:
-    _check(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
-           f"{key}={value!r} must be a probability in [0, 1]")
+    _value(key, value, "a probability in [0, 1]", lambda v: 0.0 <= v <= 1.0)
 
 
 def _positive(key: str, value: Any) -> None:
-    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-           f"{key}={value!r} must be a positive integer")
+    _value(key, value, "an integer > 0", lambda v: v > 0, integer=True)
+
+
+def _bool(key: str, value: Any) -> None:
+    _check(isinstance(value, bool), key, f"{value!r} is not valid", "true, false")
 
 
 @dataclass
@@ -57,14 +71,13 @@ class NormConfig:
     def validate(self) -> None:
         _choice("norm.type", self.type, tuple(NORMS))
         _choice("norm.placement", self.placement, PLACEMENTS)
-        _check((self.type == "none") == (self.placement == "rezero"),
-               f"norm.type={self.type} with norm.placement={self.placement}: ReZero (Bachlechner et al. 2020) "
-               "is the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
-        _check(self.dyt_alpha_init > 0, f"norm.dyt_alpha_init={self.dyt_alpha_init!r} must be > 0")
-        _check(isinstance(self.fixnorm, bool), f"norm.fixnorm={self.fixnorm!r} must be true or false")
-        _check(self.eps > 0, f"norm.eps={self.eps!r} must be > 0")
-        _check(self.scale_init is None or self.scale_init > 0,
-               f"norm.scale_init={self.scale_init!r} must be > 0 or null")
+        _check((self.type == "none") == (self.placement == "rezero"), "norm.type",
+               f"{self.type} with norm.placement={self.placement}: ReZero (Bachlechner et al. 2020) is the only "
+               "placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+        _value("norm.dyt_alpha_init", self.dyt_alpha_init, "a number > 0", lambda v: v > 0)
+        _bool("norm.fixnorm", self.fixnorm)
+        _value("norm.eps", self.eps, "a number > 0", lambda v: v > 0)
+        _value("norm.scale_init", self.scale_init, "a number > 0, or null for sqrt(d_model)", lambda v: v > 0, null=True)
 
 
 @dataclass
@@ -84,6 +97,8 @@ class RegularizerConfig:
     def validate(self) -> None:
         for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):
             _prob(f"regularizer.{key}", getattr(self, key))
+        for key in ("drophead_encoder_self", "drophead_decoder_self", "drophead_cross"):
+            _bool(f"regularizer.{key}", getattr(self, key))
         _choice("regularizer.layerdrop_rates", self.layerdrop_rates, LAYERDROP_RATES)
 
 
@@ -129,18 +144,19 @@ class ModelConfig:
         for key in ("vocab_size", "d_model", "decoder_d_model", "encoder_layers", "decoder_layers",
                     "encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn", "max_positions"):
             _positive(f"model.{key}", getattr(self, key))
-        _check(self.d_model % self.encoder_heads == 0,
-               f"model.d_model={self.d_model} is not divisible by model.encoder_heads={self.encoder_heads}")
-        _check(self.decoder_d_model % self.decoder_heads == 0,
-               f"model.decoder_d_model={self.decoder_d_model} is not divisible by "
-               f"model.decoder_heads={self.decoder_heads}")
+        _check(self.d_model % self.encoder_heads == 0, "model.d_model",
+               f"{self.d_model} is not divisible by model.encoder_heads={self.encoder_heads}")
+        _check(self.decoder_d_model % self.decoder_heads == 0, "model.decoder_d_model",
+               f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
-        _check(not self.share_embeddings or self.d_model == self.decoder_d_model,
-               "model.share_embeddings=true needs model.d_model == model.decoder_d_model")
+        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings"):
+            _bool(f"model.{key}", getattr(self, key))
+        _check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
+               f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
         _choice("init.name", self.init, INITS)
-        _check(self.init != "admin" or self.norm.placement == "post",
-               f"init=admin with norm.placement={self.norm.placement}: Admin is defined for post-norm models "
+        _check(self.init != "admin" or self.norm.placement == "post", "init",
+               f"admin with norm.placement={self.norm.placement}: Admin is defined for post-norm models "
                "(Liu et al. 2020); set norm.placement=post")
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
@@ -150,16 +166,16 @@ class ModelConfig:
             self._check_dlcl()
 
     def _check_dlcl(self) -> None:
-        key = "model.layer_aggregation=dlcl"
-        _check(self.init != "admin", f"init=admin with {key}: Admin's ω profile assumes each sub-layer reads "
-                                     "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
-        _check(self.norm.placement != "resi_dual", f"norm.placement=resi_dual with {key}: ResiDual's dual "
-                                                   "stream is its own cross-layer connection; choose one")
+        key = "model.layer_aggregation"
+        _check(self.init != "admin", key, "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
+                                          "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
+        _check(self.norm.placement != "resi_dual", key, "dlcl with norm.placement=resi_dual: ResiDual's dual "
+                                                        "stream is its own cross-layer connection; choose one")
         for stack in ("encoder", "decoder"):
             p = getattr(self.regularizer, f"{stack}_layerdrop")
-            _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"),
-                   f"regularizer.{stack}_layerdrop={p} with {key} on the {stack}: a dropped layer's slot in "
-                   "DLCL's weighted history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
+            _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"), f"regularizer.{stack}_layerdrop",
+                   f"{p} with model.layer_aggregation=dlcl on the {stack}: a dropped layer's slot in DLCL's weighted "
+                   "history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -190,8 +206,7 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
         allowed = sorted({f.name for f in dataclasses.fields(cls)} - set(own))
         unknown = sorted(set(node) - set(allowed))
         shown = sorted(allowed + list(RUNTIME_MODEL_KEYS)) if group == "model" else allowed
-        _check(not unknown, f"{group}.{unknown[0] if unknown else ''} is not a {group} option; "
-                            f"allowed: {', '.join(shown)}")
+        _check(not unknown, f"{group}.{unknown[0] if unknown else ''}", f"not a {group} option", shown)
     if vocab_size is not None:
         model["vocab_size"] = vocab_size
     model.update(special or {})
@@ -199,35 +214,134 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
     return ModelConfig(**model, init=init, norm=NormConfig(**norm), regularizer=RegularizerConfig(**reg))
 
 
+DECODER_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len")
+PRECISIONS = ("32-true", "32", 32, "16-mixed", "16", 16, "bf16-mixed", "bf16", "16-true", "bf16-true",
+              "64-true", "64", 64, "transformer-engine", "transformer-engine-float16")
+
+
 def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
+    missing = _missing_keys(cfg)
+    _check(not missing, missing[0] if missing else "",
+           f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
+           + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
+    _value("seed", cfg.seed, "an integer", integer=True)
     vocab = cfg.data.get("vocab_size")  # null for data=preprocessed: the folder's tokenizer decides
-    model_cfg = model_config_from_hydra(cfg, vocab_size=None if vocab is None else int(vocab))
+    if vocab is not None:
+        _positive("data.vocab_size", vocab)  # before the model, which gets its vocab_size from it
+    model_cfg = model_config_from_hydra(cfg, vocab_size=vocab)
     compile = cfg.model.get("compile", False)
     if not isinstance(compile, bool):
         import torch
 
         _choice("model.compile", compile, (True, False, *torch.compiler.list_backends(exclude_tags=())))
-    o = cfg.optim
-    _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr!r} must be > 0 (or null for the paper's scale)")
-    _check(o.get("scale", 1.0) > 0, f"optim.scale={o.get('scale')!r} must be > 0")
-    _check(isinstance(o.warmup, int) and o.warmup >= 0, f"optim.warmup={o.warmup!r} must be an integer >= 0")
-    _check(0.0 <= o.label_smoothing < 1.0, f"optim.label_smoothing={o.label_smoothing!r} must be in [0, 1)")
+    for key in ("max_tokens", "eval_max_tokens"):  # a batch must hold the longest pair data keeps / cuts to
+        if cfg.data.get(key) is not None:
+            _positive(f"data.{key}", cfg.data[key])
+            _check(cfg.data[key] >= model_cfg.max_positions, f"data.{key}", f"{cfg.data[key]} cannot hold a pair "
+                   f"of model.max_positions={model_cfg.max_positions} tokens", f"an integer >= {model_cfg.max_positions}")
+    init = cfg.get("init") or {}
+    if init.get("admin") is not None:
+        from normlab.init.admin import MODES
+
+        _choice("init.admin.mode", init.admin.get("mode", "profile"), MODES)
+        _positive("init.admin.batches", init.admin.get("batches", 1))
+    _validate_optim(cfg.optim)
+    _validate_eval(cfg.eval)
+    _validate_trainer(cfg.trainer)
+    callbacks = cfg.get("callbacks") or {}
+    for key in ("keep_last_n", "every_n_steps"):
+        if callbacks.get("step_checkpoints") is not None:
+            _value(f"callbacks.step_checkpoints.{key}", callbacks.step_checkpoints.get(key) or 0, "an integer >= 0",
+                   lambda v: v >= 0, integer=True)
+    if callbacks.get("checkpoint") is not None:
+        _choice("callbacks.checkpoint.mode", callbacks.checkpoint.get("mode", "max"), ("max", "min"))
+    for key, node in (cfg.get("logger") or {}).items():
+        _check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
+               "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
+    if cfg.get("resume"):
+        from normlab.checkpoint import load_checkpoint
+
+        load_checkpoint(cfg.resume, mmap=True)  # unreadable or unsafe: a one-line error before any data
+    return model_cfg
+
+
+def _missing_keys(node: Any, prefix: str = "") -> list[str]:
+    """The ??? keys, in the order the config lists them (Hydra's own node, set at run time, aside)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out = []
+    for key in node.keys() if isinstance(node, DictConfig) else []:
+        if not prefix and key == "hydra":
+            continue
+        full = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            out.append(full)
+        elif isinstance(node._get_node(key), DictConfig):
+            out += _missing_keys(node[key], f"{full}.")
+    return out
+
+
+def _validate_optim(o: Any) -> None:
+    _value("optim.lr", o.lr, "a number > 0, or null for the paper's scale", lambda v: v > 0, null=True)
+    _value("optim.scale", o.get("scale", 1.0), "a number > 0", lambda v: v > 0)
+    _value("optim.warmup", o.warmup, "an integer >= 0", lambda v: v >= 0, integer=True)
+    _value("optim.label_smoothing", o.label_smoothing, "a number in [0, 1)", lambda v: 0.0 <= v < 1.0)
     _choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
             LABEL_SMOOTHING_CONVENTIONS)
     _choice("optim.schedule", o.get("schedule", "inverse_sqrt"), LR_SCHEDULES)
-    _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm!r} must be >= 0")
-    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)!r} must be two values in [0, 1)")
-    _positive("data.max_tokens", cfg.data.max_tokens)
-    if vocab is not None:
-        _positive("data.vocab_size", vocab)
-    for key in ("decoder", "test_decoder"):
-        d = cfg.eval.get(key)
+    _value("optim.clip_norm", o.clip_norm, "a number >= 0 (0: no clipping)", lambda v: v >= 0)
+    _value("optim.eps", o.eps, "a number > 0", lambda v: v > 0)
+    _value("optim.weight_decay", o.get("weight_decay", 0.0), "a number >= 0", lambda v: v >= 0)
+    betas = list(o.betas) if hasattr(o.betas, "__len__") and not isinstance(o.betas, str) else [o.betas]
+    _check(len(betas) == 2 and all(_is_num(b) and 0 <= b < 1 for b in betas), "optim.betas",
+           f"{o.betas!r} is not valid", "two numbers in [0, 1), e.g. [0.9,0.98]")
+
+
+def _validate_eval(ev: Any) -> None:
+    for key in ("valid_bleu", "test", "test_greedy", "test_average"):
+        if key in ev:
+            _bool(f"eval.{key}", ev[key])
+    for name in ("decoder", "test_decoder"):
+        d = ev.get(name)
         if d is None:
             continue
-        _positive(f"eval.{key}.beam", d.beam)
-        _check(d.max_len_a >= 0 and d.max_len_b >= 0, f"eval.{key}.max_len_a and max_len_b must be >= 0")
-    _check(cfg.trainer.max_steps == -1 or cfg.trainer.max_steps > 0,
-           f"trainer.max_steps={cfg.trainer.max_steps!r} must be > 0 (or -1 for no limit)")
-    _choice("logger.name", cfg.logger.name, ("wandb", "csv", "none"))
-    return model_cfg
+        unknown = sorted(set(d) - set(DECODER_KEYS))
+        _check(not unknown, f"eval.{name}.{unknown[0] if unknown else ''}", "not a decoder option", DECODER_KEYS)
+        _positive(f"eval.{name}.beam", d.beam)
+        _value(f"eval.{name}.lenpen", d.get("lenpen", 0.6), "a number (GNMT alpha; 0: none)")
+        _value(f"eval.{name}.max_len_a", d.get("max_len_a", 1.0), "a number >= 0", lambda v: v >= 0)
+        for key in ("max_len_b", "min_len"):
+            _value(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
+
+
+def _validate_trainer(t: Any) -> None:
+    _value("trainer.max_steps", t.max_steps, "an integer > 0, or -1 for no limit", lambda v: v == -1 or v > 0,
+           integer=True)
+    _value("trainer.max_epochs", t.get("max_epochs"), "an integer > 0, -1 or null", lambda v: v == -1 or v > 0,
+           integer=True, null=True)
+    _value("trainer.val_check_interval", t.get("val_check_interval"),
+           "an integer number of steps > 0, a fraction of an epoch in (0, 1], or null",
+           lambda v: v > 0 if isinstance(v, int) else 0 < v <= 1, null=True)
+    _value("trainer.log_every_n_steps", t.get("log_every_n_steps", 50), "an integer > 0", lambda v: v > 0,
+           integer=True)
+    _value("trainer.accumulate_grad_batches", t.get("accumulate_grad_batches", 1), "an integer > 0",
+           lambda v: v > 0, integer=True)
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "overfit_batches"):
+        if t.get(key) is not None:
+            _value(f"trainer.{key}", t[key], "an integer number of batches >= 0 or a fraction in [0, 1]",
+                   lambda v: v >= 0 if isinstance(v, int) else 0 <= v <= 1)
+    fdr = t.get("fast_dev_run", False)
+    _check(isinstance(fdr, bool) or (_is_num(fdr, integer=True) and fdr >= 0), "trainer.fast_dev_run",
+           f"{fdr!r} is not valid", "true, false or a number of batches >= 0")
+    _value("trainer.gradient_clip_val", t.get("gradient_clip_val"), "a number >= 0 or null", lambda v: v >= 0,
+           null=True)
+    _choice("trainer.precision", t.get("precision", "32-true"), PRECISIONS)
+    import inspect
+
+    from lightning import Trainer
+
+    known = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+    unknown = sorted(k for k in t if not str(k).startswith("_") and k not in known)
+    _check(not unknown, f"trainer.{unknown[0] if unknown else ''}", "not a lightning.Trainer argument",
+           "see python -c 'import lightning; help(lightning.Trainer)'")

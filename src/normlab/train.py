@@ -15,7 +15,8 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.checkpoint import AtomicCheckpointIO, write_json
+from normlab.checkpoint import write_json
+from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import validate_run_config
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import extra_test_scores

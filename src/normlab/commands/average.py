@@ -17,7 +17,18 @@ import json
 from pathlib import Path
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, last_checkpoints, save_checkpoint
+from normlab.checkpoint import CheckpointError, load_checkpoint
 from normlab.commands.common import CommandError, main_guard, refuse_overwrite
+
+
+def _averages(output: Path, paths: list[Path]) -> bool:
+    """Whether `output` already is the average of exactly these checkpoints (by name: training and
+    the command may see the run folder under different relative paths)."""
+    try:
+        done = load_checkpoint(output, mmap=True).get("averaged_from") or []
+    except CheckpointError:
+        return False
+    return sorted(Path(p).name for p in done) == sorted(p.name for p in paths)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             paths = last_checkpoints(args.inputs[0], args.last)
         except (FileNotFoundError, ValueError) as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(args.inputs[0], str(e)) from None
         if len(paths) < args.last:
             print(f"warning: only {len(paths)} step checkpoints found, averaging those")
         ckdir = paths[-1].parent
@@ -47,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.output:
             raise CommandError("--output is required when averaging a list of checkpoints")
         output = Path(args.output)
+    if not args.force and output.is_file() and _averages(output, paths):
+        # training writes <run>/checkpoints/avg-lastN.ckpt of the same files: nothing to redo
+        print(json.dumps({"output": str(output), "averaged_from": [str(p) for p in paths],
+                          "note": "already the average of these checkpoints; left as it is"}, indent=2))
+        return 0
     refuse_overwrite(output, force=args.force)
     try:
         averaged = average_checkpoints(paths)

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-from normlab.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from normlab.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from normlab.errors import UserError, report, show_tracebacks, user_error_types
 
 
-class CommandError(Exception):
+class CommandError(UserError):
     """A user error: printed as `error: ...` with exit code 2, no traceback."""
 
 
@@ -69,14 +69,11 @@ def load(checkpoint: str | os.PathLike, device: str = "cpu"):
     """(model on device in eval mode, tokenizer, checkpoint path) from a checkpoint or run folder."""
     from normlab.data.tokenizer import Tokenizer
 
-    try:
-        path = resolve_checkpoint(checkpoint)
-    except FileNotFoundError as e:
-        raise CommandError(str(e)) from None
+    path = resolve_checkpoint(checkpoint)
     ckpt = load_checkpoint(path)
-    if "model_config" not in ckpt or "tokenizer_proto" not in ckpt:
-        raise CommandError(f"{path} is not a normlab checkpoint (no model_config / tokenizer_proto)")
-    model = model_from_checkpoint(ckpt).to(device)
+    if "tokenizer_proto" not in ckpt:
+        raise CheckpointError(str(path), "not a normlab checkpoint (no tokenizer_proto)")
+    model = model_from_checkpoint(ckpt, path).to(device)
     return model, Tokenizer.from_proto(ckpt["tokenizer_proto"]), path
 
 
@@ -89,8 +86,11 @@ def run_dir_of_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def main_guard(fn, argv=None) -> int:
+    """Run a command's main: a user error (bad flag value, file, corpus or checkpoint) is one line
+    `error: ...` on stderr and exit status 2; NORMLAB_TRACEBACK=1 shows its traceback."""
     try:
         return fn(argv)
-    except CommandError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except user_error_types() as e:
+        if show_tracebacks():
+            raise
+        return report(e)

@@ -16,14 +16,18 @@ from pathlib import Path
 import torch
 
 from normlab.checkpoint import atomic_write_bytes, load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from normlab.commands.common import CommandError, main_guard
 from normlab.init.admin import export_post_norm
 
 
 @torch.no_grad()
 def export_checkpoint(ckpt_path: str | Path, out: str | Path, allow_inexact: bool = False) -> dict:
     ckpt = load_checkpoint(resolve_checkpoint(ckpt_path))
-    model = model_from_checkpoint(ckpt)
-    plain, report = export_post_norm(model, allow_inexact=allow_inexact)
+    model = model_from_checkpoint(ckpt, ckpt_path)
+    try:
+        plain, report = export_post_norm(model, allow_inexact=allow_inexact)
+    except ValueError as e:  # not an Admin model, or a fold that is not exact
+        raise CommandError(str(ckpt_path), str(e)) from None
     g = torch.Generator().manual_seed(0)
     cfg = model.cfg
     src = torch.randint(3, cfg.vocab_size, (4, 12), generator=g)
@@ -39,20 +43,17 @@ def export_checkpoint(ckpt_path: str | Path, out: str | Path, allow_inexact: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m normlab.commands.export_admin", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("checkpoint", help="an Admin checkpoint (.ckpt) or a run folder")
     ap.add_argument("out", help="where to write the plain post-norm checkpoint")
     ap.add_argument("--allow-inexact", action="store_true",
                     help="export an approximation where the fold is not exact (listed in the report)")
     args = ap.parse_args(argv)
-    try:
-        report = export_checkpoint(args.checkpoint, args.out, args.allow_inexact)
-    except ValueError as e:
-        print(f"error: {e}")
-        return 2
+    report = export_checkpoint(args.checkpoint, args.out, args.allow_inexact)
     print(json.dumps(report, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_guard(main))

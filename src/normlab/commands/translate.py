@@ -30,14 +30,16 @@ log = logging.getLogger("normlab.translate")
 @torch.no_grad()
 def translate_lines(model, tokenizer, lines: list[str], decoder: dict, nbest: int = 1, max_tokens: int = 4096,
                     progress: bool = False) -> list[list[tuple[float | None, str]]]:
-    """Per input line, its n-best list of (score, text), best first (score None for greedy)."""
-    loader, n_cut = lines_loader(tokenizer, lines, model.cfg.max_positions, max_tokens)
+    """Per input line, its n-best list of (score, text), best first (score None for greedy); an
+    empty (or blank) line gives an empty translation, as nothing was asked."""
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    out: list = [[(None, "")] for _ in lines]
+    loader, n_cut = lines_loader(tokenizer, [lines[i] for i in todo], model.cfg.max_positions, max_tokens)
     if n_cut:
         log.warning("%d source lines cut to max_positions=%d tokens", n_cut, model.cfg.max_positions)
     decode = make_decoder(**decoder) if nbest == 1 else None
     device = next(model.parameters()).device
-    out: list = [None] * len(lines)
-    with tqdm(total=len(lines), unit="sent", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=len(todo), unit="sent", disable=not progress, file=sys.stderr) as bar:
         for batch in loader:
             src = batch["src"].to(device)
             if decode is not None:
@@ -46,7 +48,7 @@ def translate_lines(model, tokenizer, lines: list[str], decoder: dict, nbest: in
                 nbests = beam_search(model, src, nbest=nbest, **decoder)
             for i, nb in zip(batch["idx"].tolist(), nbests):
                 texts = tokenizer.decode([h["tokens"] for h in nb])
-                out[i] = [(h["score"], text) for h, text in zip(nb, texts)]
+                out[todo[i]] = [(h["score"], text) for h, text in zip(nb, texts)]
             bar.update(len(nbests))
     return out
 
@@ -54,12 +56,23 @@ def translate_lines(model, tokenizer, lines: list[str], decoder: dict, nbest: in
 def format_output(results: list[list[tuple[float | None, str]]], nbest: int) -> str:
     if nbest == 1:
         return "".join(nb[0][1] + "\n" for nb in results)
-    return "".join(f"{i}\t{score:.4f}\t{text}\n" for i, nb in enumerate(results) for score, text in nb)
+    return "".join(f"{i}\t{'' if score is None else f'{score:.4f}'}\t{text}\n"
+                   for i, nb in enumerate(results) for score, text in nb)
 
 
 def _stdin_lines() -> list[str]:
+    """UTF-8 text from stdin; binary input (NUL bytes, invalid UTF-8) is refused in one line."""
+    data = sys.stdin.buffer.read()
+    if b"\x00" in data or data[:2] == b"\x1f\x8b":
+        raise CommandError("<stdin>", "binary input, not text (translate reads UTF-8 text, one sentence per "
+                           "line; pass a .gz file with --input)")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CommandError(f"<stdin>:{line}", f"invalid UTF-8 byte 0x{data[e.start]:02x} "
+                           "(translate reads UTF-8 text, one sentence per line)") from None
     # split("\n") as data.corpus.read_lines does: splitlines() would also break at U+2028, \x0c, ...
-    text = sys.stdin.read()
     if text.endswith("\n"):
         text = text[:-1]
     return [line.removesuffix("\r") for line in text.split("\n")] if text else []

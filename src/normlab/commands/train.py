@@ -1,0 +1,174 @@
+"""Train and score one model, or a sweep with -m: `python train.py`, `normlab-train` or
+`python -m normlab.commands.train`, all with Hydra overrides.
+
+    python train.py norm=postnorm model.encoder_layers=6 seed=3
+    python train.py -m norm=postnorm,prenorm model.encoder_layers=6,12
+    python train.py --help                            # config groups and options
+
+A bad override, config value, corpus or checkpoint ends in one line on stderr,
+`error: <key or file:line>: <what> (allowed: ...)`, exit status 2, and leaves no run folder
+behind (Hydra creates it before the job starts; it is removed when it holds nothing but Hydra's
+own files). In a sweep the job is recorded as failed (results.json) and the sweep goes on.
+NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) shows the traceback instead.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from normlab.errors import EXIT_USER_ERROR, UserError, one_line, show_tracebacks, user_error_types
+
+log = logging.getLogger("normlab")
+
+
+def config_dir() -> Path:
+    """conf/ of the checkout this package runs from (an editable install), else ./conf."""
+    for cand in (Path(__file__).resolve().parents[3] / "conf", Path.cwd() / "conf"):
+        if (cand / "config.yaml").is_file():
+            return cand
+    raise UserError("conf/config.yaml", "not found: run normlab-train from a normlab checkout")
+
+
+def train_user_errors() -> tuple[type[BaseException], ...]:
+    """What a user fixes in the config or the files: normlab's errors, and Hydra's and OmegaConf's
+    (an unknown key, a missing ??? value, a bad interpolation, a target that rejects its arguments)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (*user_error_types(), HydraException, OmegaConfBaseException)
+
+
+_failed: list[BaseException] = []  # the error of a single run, raised again by main()
+
+
+def task(cfg: DictConfig) -> float | None:
+    """The Hydra job: validate, run, and on failure record it (sweep) or clean up (single run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from normlab.config import validate_run_config
+    from normlab.failure import is_multirun_job, record_failure
+
+    try:
+        validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+        from normlab.train import run
+
+        results = run(cfg)
+    except Exception as err:
+        run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+        single = not is_multirun_job()
+        if not (single and isinstance(err, train_user_errors()) and run_dir is not None
+                and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
+            record_failure(cfg, err)  # results.json status failed; a multirun goes on
+        if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
+            _failed.append(err)
+        return None
+    return results.get("valid_bleu")  # the value an Optuna sweeper maximises (None: a failed trial)
+
+
+def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
+    """Remove a run folder holding only what Hydra wrote before the job (.hydra/, <job>.log), and
+    its parents that are left empty (up to the working directory); never a folder with a run's work."""
+    hydra_own = {".hydra", f"{job_name}.log"}
+    if not run_dir.is_dir() or any(p.name not in hydra_own for p in run_dir.iterdir()):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
+    while parent != cwd and cwd in parent.parents:
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
+        parent = parent.parent
+    return True
+
+
+def hydra_error_line(err: BaseException, argv: list[str]) -> str:
+    """Hydra's composition errors as one line naming the override."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        return str(UserError(f"{group}={name}", f"no such {group} option", err.options))
+    text = str(err)
+    if text.startswith("Could not override '"):  # a key that is not in the config
+        key = text.split("'")[1]
+        value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == key), "...")
+        allowed = known_keys(argv, key)
+        close = difflib.get_close_matches(key.rpartition(".")[2], allowed or [], n=1)
+        hint = f"did you mean {key.rpartition('.')[0] + '.' if '.' in key else ''}{close[0]}? " if close else ""
+        return str(UserError(key, f"not a config key ({hint}to add a new key: +{key}={value})"))
+    return one_line(err).removeprefix("error: ")
+
+
+def known_keys(argv: list[str], key: str) -> list[str] | None:
+    """The keys beside `key` (same parent) in the config composed without the offending override."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    others = [a for a in argv if not a.startswith("-") and "=" in a and a.split("=", 1)[0] != key]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=others)
+        parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else cfg
+        return sorted(str(k) for k in parent.keys()) if isinstance(parent, DictConfig) else None
+    except Exception:  # the other overrides have errors of their own: no hint
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run train.py's Hydra app on argv; the exit status (0, 2 for a user error, 1 for a bug)."""
+    import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tracebacks = show_tracebacks()
+    app = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(task)
+    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv = [sys.argv[0], *argv]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trace
+    _failed.clear()
+    try:
+        app()
+        if _failed:
+            raise _failed.pop()
+    except SystemExit as e:  # --help, argparse errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except (HydraException, OmegaConfBaseException) as e:
+        if tracebacks:
+            raise
+        print(f"error: {hydra_error_line(e, argv)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except user_error_types() as e:
+        if tracebacks:
+            raise
+        print(one_line(e), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # a bug: its traceback (results.json has it too), exit status 1
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_env is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_env
+    return 0
+
+
+def cli() -> None:
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()

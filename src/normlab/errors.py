@@ -1,0 +1,45 @@
+"""Bad input is the user's to fix: one line, `error: <key or file:line>: <what> (allowed: ...)`.
+
+Every entry point (train.py, the commands) prints a `UserError` as that one line and exits with
+status 2, without a traceback; anything else is a bug and keeps its traceback. Set
+NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) to see the traceback of a user error too.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """An input the user must fix; str() is `<where>: <what> (allowed: ...)`."""
+
+    def __init__(self, where: str, what: str | None = None, allowed=None):
+        msg = where if what is None else f"{where}: {what}"
+        if allowed:
+            msg += f" (allowed: {allowed if isinstance(allowed, str) else ', '.join(map(str, allowed))})"
+        super().__init__(msg)
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """UserError and the data package's CorpusError (raised with file:line by the data helper)."""
+    from normlab.data.corpus import CorpusError
+
+    return UserError, CorpusError
+
+
+def show_tracebacks() -> bool:
+    return any(os.environ.get(k, "") not in ("", "0") for k in ("NORMLAB_TRACEBACK", "HYDRA_FULL_ERROR"))
+
+
+def one_line(err: BaseException) -> str:
+    """The message on one line (a multi-line message is joined with '; ')."""
+    text = "; ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    return f"error: {text or type(err).__name__}"
+
+
+def report(err: BaseException) -> int:
+    """Print a user error as one line on stderr; the exit status for it."""
+    print(one_line(err), file=sys.stderr)
+    return EXIT_USER_ERROR

@@ -1,0 +1,85 @@
+"""Bad input gets one line and loses nothing: `error: <key or file:line>: <what> (allowed: ...)`,
+exit status 2, no traceback, no run folder left behind; a sweep records the job as failed and
+goes on; NORMLAB_TRACEBACK=1 / HYDRA_FULL_ERROR=1 show the traceback."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from normlab.commands.train import main as train_main
+from normlab.config import ConfigError
+
+from conftest import ROOT
+
+
+def one_error_line(capsys) -> str:
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.err
+    assert "Traceback" not in out.err + out.out
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, line", [
+    # Hydra's own composition errors
+    ("norm=foo", "error: norm=foo: no such norm option (allowed: postnorm, prenorm, rmsnorm, scalenorm, scalenorm_fixnorm)"),
+    ("model.dmodel=64", "error: model.dmodel: not a config key (did you mean model.d_model? to add a new key: +model.dmodel=64)"),
+    ("model.d_model=[1", "error: no viable alternative at input '[1'; "),
+    ("model=tiny,small", "error: Ambiguous value for argument 'model=tiny,small'; "),
+    # values checked before any data is read
+    ("norm.type=batchnorm", "error: norm.type: 'batchnorm' is not valid (allowed: layernorm, scalenorm, rmsnorm)"),
+    ("data=custom", "error: data.train_src: no value given (the config says ???): set it with data.train_src=...; "),
+    ("trainer.val_check_interval=0", "error: trainer.val_check_interval: 0 is not valid (allowed: "),
+    ("eval.test_decoder.lenpen=abc", "error: eval.test_decoder.lenpen: 'abc' is not valid (allowed: "),
+    ("resume=nowhere.ckpt", "error: nowhere.ckpt: no such checkpoint file"),
+])
+def test_bad_override_is_one_line_exit_2_and_no_folder(override, line, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("NORMLAB_TRACEBACK", raising=False)
+    assert train_main([override, "logger=csv"]) == 2
+    assert one_error_line(capsys).startswith(line)
+    assert list(tmp_path.iterdir()) == []  # Hydra's outputs/<date>/<time>_<name> removed, with its parents
+
+
+def test_a_folder_with_work_is_never_removed(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"work")
+    monkeypatch.chdir(tmp_path)
+    assert train_main(["norm.type=batchnorm", f"hydra.run.dir={run_dir}"]) == 2
+    one_error_line(capsys)
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"work"
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("env", ["NORMLAB_TRACEBACK", "HYDRA_FULL_ERROR"])
+def test_traceback_on_request(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env, "1")
+    with pytest.raises(ConfigError, match="norm.type"):
+        train_main(["norm.type=batchnorm"])
+
+
+def test_sweep_records_bad_jobs_as_failed_and_goes_on(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    assert train_main(["-m", "norm.type=batchnorm,groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                       "hydra.sweep.subdir=${hydra.job.num}"]) == 0
+    results = {d.name: json.loads((d / "results.json").read_text()) for d in sweep.iterdir() if d.is_dir()}
+    assert sorted(results) == ["0", "1"]  # the second job ran after the first failed
+    assert [results[k]["error"] for k in ("0", "1")] == [
+        "ConfigError: norm.type: 'batchnorm' is not valid (allowed: layernorm, scalenorm, rmsnorm)",
+        "ConfigError: norm.type: 'groupnorm' is not valid (allowed: layernorm, scalenorm, rmsnorm)"]
+
+
+def test_train_py_as_a_user_runs_it(tmp_path):
+    """What the before-stop hook checks: `python train.py norm.type=batchnorm` in a fresh folder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NORMLAB_TRACEBACK")}
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), "norm.type=batchnorm"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == "error: norm.type: 'batchnorm' is not valid (allowed: layernorm, scalenorm, rmsnorm)\n"
+    assert p.stdout == "" and list(tmp_path.iterdir()) == []
