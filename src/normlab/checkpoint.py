@@ -103,7 +103,12 @@ def load_model(path: str | os.PathLike):
 
     path = resolve_checkpoint(path)
     ckpt = load_checkpoint(path)
-    tok = Tokenizer.from_proto(ckpt["tokenizer_proto"]) if "tokenizer_proto" in ckpt else None
+    tok = None
+    if "tokenizer_proto" in ckpt:
+        try:
+            tok = Tokenizer.from_proto(ckpt["tokenizer_proto"])
+        except (RuntimeError, TypeError, ValueError) as e:  # sentencepiece cannot parse it
+            raise CheckpointError(str(path), f"its tokenizer_proto is not a sentencepiece model ({_first_line(e)})") from None
     return model_from_checkpoint(ckpt, path), tok
 
 

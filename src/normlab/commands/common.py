@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from normlab.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from normlab.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from normlab.errors import UserError, report, show_tracebacks, user_error_types
 
 
@@ -67,14 +67,11 @@ def refuse_overwrite(*paths: str | os.PathLike | None, force: bool) -> None:
 
 def load(checkpoint: str | os.PathLike, device: str = "cpu"):
     """(model on device in eval mode, tokenizer, checkpoint path) from a checkpoint or run folder."""
-    from normlab.data.tokenizer import Tokenizer
-
     path = resolve_checkpoint(checkpoint)
-    ckpt = load_checkpoint(path)
-    if "tokenizer_proto" not in ckpt:
+    model, tok = load_model(path)
+    if tok is None:
         raise CheckpointError(str(path), "not a normlab checkpoint (no tokenizer_proto)")
-    model = model_from_checkpoint(ckpt, path).to(device)
-    return model, Tokenizer.from_proto(ckpt["tokenizer_proto"]), path
+    return model.to(device), tok, path
 
 
 def run_dir_of_checkpoint(path: str | os.PathLike) -> Path:
