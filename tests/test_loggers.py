@@ -1,20 +1,38 @@
-"""W&B must work with no network: offline by default, one finished run per job."""
+"""Loggers from config, several at once (W&B offline + CSV by default, TensorBoard as an option);
+one score per key, logged once; the W&B summary equals results.json key for key."""
+import csv
+import json
 import os
 
+import pytest
 from omegaconf import OmegaConf
 
-from normlab.loggers import build_logger, finish_logger
+from normlab.loggers import build_loggers, finish_loggers, wandb_summary
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides, wandb_records
+
+
+def loggers_of(choice: str):
+    return compose_cfg([f"logger={choice}"]).get("logger")
+
+
+def test_logger_choices_compose():
+    assert set(loggers_of("[wandb,csv]")) == set(compose_cfg([]).logger) == {"wandb", "csv"}  # the default
+    assert set(loggers_of("csv")) == {"csv"}
+    assert set(loggers_of("[wandb,csv,tensorboard]")) == {"wandb", "csv", "tensorboard"}
+    assert set(compose_cfg(["+logger=tensorboard"]).logger) == {"wandb", "csv", "tensorboard"}
+    assert not loggers_of("none")
 
 
 def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    cfg = OmegaConf.create({"name": "wandb", "mode": "offline", "entity": None})
-    logger = build_logger(cfg, tmp_path, "normlab-test", "prenorm-x", "grp", ["norm:prenorm", "seed:1"],
-                          config={"norm": {"placement": "pre"}})
+    (logger,) = build_loggers(loggers_of("wandb"), tmp_path, "normlab-test", "prenorm-x", "grp",
+                              ["norm:prenorm", "seed:1"], config={"norm": {"placement": "pre"}}, run_id="abc123")
     logger.log_metrics({"train/loss": 1.5}, step=1)
     run = logger.experiment
-    assert run.settings.mode == "offline"
+    assert run.settings.mode == "offline" and run.id == "abc123"
     assert (run.name, run.group) == ("prenorm-x", "grp")
     assert set(run.tags) == {"norm:prenorm", "seed:1"}
     assert run.config["norm"]["placement"] == "pre"
@@ -22,7 +40,7 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
 
     real_finish = wandb.finish
     monkeypatch.setattr(wandb, "finish", lambda: None)  # read the summary before the run closes
-    finish_logger(logger, {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
+    finish_loggers([logger], {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
     assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and "choices" not in run.summary.keys()
     monkeypatch.setattr(wandb, "finish", real_finish)
     wandb.finish()
@@ -32,15 +50,63 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
 
 def test_env_wins_over_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    cfg = OmegaConf.create({"name": "wandb", "mode": "online", "entity": None})
-    logger = build_logger(cfg, tmp_path, "normlab-test", "n", "g", [], config={})
+    cfg = OmegaConf.create({"wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger", "mode": "online"}})
+    (logger,) = build_loggers(cfg, tmp_path, "normlab-test", "n", "g", [], config={})
     assert logger.experiment.settings.mode == "disabled"
-    finish_logger(logger)
+    finish_loggers([logger])
 
 
-def test_csv_and_none(tmp_path):
-    assert build_logger(OmegaConf.create({"name": "none"}), tmp_path, "p", "n", "g", [], {}) is False
-    csv = build_logger(OmegaConf.create({"name": "csv"}), tmp_path, "p", "n", "g", [], {})
-    csv.log_metrics({"a": 1.0}, step=0)
-    csv.save()
-    assert os.path.isfile(tmp_path / "csv" / "metrics.csv")
+def test_summary_keys_mirror_results():
+    results = {"status": "completed", "valid_bleu": 12.5, "test_bleu_avg": 3.0, "steps": 8, "decoders": {}}
+    assert wandb_summary(results) == {"status": "completed", "valid_bleu": 12.5, "test_bleu_avg": 3.0, "steps": 8,
+                                      "valid/bleu": 12.5, "test/bleu_avg": 3.0}
+
+
+@pytest.fixture(scope="module")
+def three_logger_run(small_corpus, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loggers")
+    os.environ["WANDB_MODE"] = "offline"
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp / "run", tmp / "cache")
+                      + ["logger=[wandb,csv,tensorboard]", "trainer.max_steps=8", "trainer.val_check_interval=4",
+                         "callbacks.step_checkpoints.every_n_steps=4", "callbacks.step_checkpoints.keep_last_n=2"])
+    return run(cfg), tmp / "run"
+
+
+def test_every_logger_writes_into_the_run_folder(three_logger_run):
+    results, run_dir = three_logger_run
+    assert results["status"] == "completed"
+    assert (run_dir / "csv" / "metrics.csv").is_file()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+
+
+def test_one_score_per_key_and_wandb_summary_equals_results(three_logger_run):
+    results, run_dir = three_logger_run
+    assert json.loads((run_dir / "results.json").read_text()) == results
+    # every decode under its own key, with its own value (the bug: test/bleu logged 3 times)
+    for key in ("test_bleu", "test_bleu_greedy", "test_bleu_avg", "test_chrf_greedy", "test_loss_avg",
+                "valid_bleu", "valid_loss"):
+        assert isinstance(results[key], float), key
+    (wfile,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    history, summary = [], {}
+    for rec in wandb_records(wfile):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "summary":
+            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+    logged = [k for h in history for k in h]
+    for key in ("test/bleu", "test/bleu_greedy", "test/bleu_avg", "test/loss", "test/loss_avg"):
+        assert logged.count(key) == 1, key
+    assert logged.count("valid/bleu") == 2  # once per validation (steps 4 and 8), not again for the final scoring
+    for key, value in results.items():  # key for key, and the logged series where results.json has them
+        if isinstance(value, (str, int, float, bool)):
+            assert summary[key] == value, key
+            if key.startswith(("valid_", "test_")):
+                assert summary[key.replace("_", "/", 1)] == value, key
+    last = {k: v for h in history for k, v in h.items() if k.startswith("test/")}
+    # Lightning logs float32: the series agree with results.json to float32 precision
+    assert last == pytest.approx({k: results[k.replace("/", "_", 1)] for k in last}, rel=1e-6)
+    # the CSV log has the same single test scores
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    assert [float(r["test/bleu_avg"]) for r in rows if r.get("test/bleu_avg")] == pytest.approx([results["test_bleu_avg"]])

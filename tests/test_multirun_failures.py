@@ -2,14 +2,13 @@
 With W&B on, each job is its own finished W&B run, grouped by sweep folder and tagged with its choices."""
 import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, tiny_overrides, wandb_records
 
 
 def _train(args: list[str], cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -25,32 +24,11 @@ def _tiny(small_corpus, tmp_path) -> list[str]:
                    "callbacks.step_checkpoints.keep_last_n=0", "name=j${hydra:job.num}"]
 
 
-def wandb_records(path: Path):
-    """The records of an offline W&B run file (run-<id>.wandb: LevelDB log format, 32 KiB blocks,
-    7-byte chunk headers after a 7-byte file header) as wandb_internal_pb2.Record messages."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # block trailer: too short for a chunk header
-            pos += block - pos % block
-            continue
-        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
-        if kind in (1, 4):  # full / last chunk
-            rec = pb.Record()
-            rec.ParseFromString(buf + chunk if kind == 4 else chunk)
-            buf = b""
-            yield rec
-        elif kind in (2, 3):  # first / middle chunk
-            buf += chunk
-
-
 def test_multirun_records_a_failed_job_and_runs_the_others(small_corpus, tmp_path):
     sweep = tmp_path / "sweep-x1"
     bad = tmp_path / "no_such_file.de"
     p = _train(["-m", f"data.train_src={bad},{small_corpus['train_src']}", "norm=postnorm,prenorm",
-                *_tiny(small_corpus, tmp_path), "logger=wandb", "logger.mode=offline",
+                *_tiny(small_corpus, tmp_path), "logger=wandb", "logger.wandb.mode=offline",
                 f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
     assert p.returncode == 0, p.stderr[-3000:]
     results = {int(d.name): json.loads((d / "results.json").read_text()) for d in sweep.iterdir() if d.is_dir()}

@@ -1,9 +1,14 @@
-"""What the final test adds to results.json beside the beam-search test BLEU (train._final_scores).
+"""The scores of a finished run, each under one key in results.json and in the logger.
 
-- test_bleu_greedy: the validation decoder (greedy) on the test set, when the test decoder differs;
-- test_bleu_avg / test_chrf_avg: the average of the last `callbacks.step_checkpoints.keep_last_n`
+- valid_{loss,nll,ppl,bleu,chrf}: the scored checkpoint (the best by validation BLEU, else the final
+  weights) re-validated; not logged again (valid/bleu is logged once per validation during
+  training; the W&B summary of valid/* is set to these values, loggers.finish_loggers);
+- test_{loss,nll,ppl,bleu,chrf} (logged as test/bleu, ...): eval.test_decoder (beam 4) on that checkpoint;
+- test_{bleu,chrf}_greedy: the validation decoder (greedy) on the test set, when the test decoder differs;
+- test_{loss,nll,ppl,bleu,chrf}_avg: the average of the last `callbacks.step_checkpoints.keep_last_n`
   checkpoints (written every `every_n_steps` steps as step<N>.ckpt), decoded like test_bleu
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
+- partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
 """
 from __future__ import annotations
@@ -17,6 +22,42 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.averaging import average_checkpoints, save_checkpoint, step_checkpoints
 
 log = logging.getLogger("normlab")
+METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
+
+
+def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None, suffix: str = "",
+                    keys: tuple[str, ...] = METRICS, log_scores: bool = True) -> dict:
+    """Validate or test `ckpt`; add `<split>_<metric><suffix>` for each key to `out` (the logger
+    gets `<split>/<metric><suffix>`, the same values); the pass's full result."""
+    module.log_scores, module.score_suffix, module.score_keys = log_scores, suffix, keys
+    try:
+        run = trainer.validate if split == "valid" else trainer.test
+        run(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
+    finally:
+        module.log_scores, module.score_suffix, module.score_keys = True, "", None
+    result = module.split_scores.get(split, {})
+    out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
+    if "partial" in result:
+        out.setdefault("partial", {})[f"{split}{suffix}"] = result["partial"]
+    return result
+
+
+def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[str, Any]:
+    """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
+    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stalled"):
+        return {}  # a stalled run trained to the end: it is scored
+    ck = trainer.checkpoint_callback
+    ckpt = "best" if ck is not None and ck.best_model_path else None
+    out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}
+    evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False)
+    if not cfg.eval.test:
+        return out
+    t = evaluation_pass(out, trainer, module, dm, "test", ckpt)
+    out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
+    if trainer.is_global_zero and "hypotheses" in t:
+        (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
+    out.update(extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
+    return out
 
 
 def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, run_dir: Path) -> dict[str, Any]:
@@ -25,11 +66,10 @@ def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, ru
     out: dict[str, Any] = {"decoders": {"valid": valid_dec, "test": test_dec}}
     if cfg.eval.get("test_greedy", True) and test_dec != valid_dec:
         beam_decode, module.test_decode = module.test_decode, module.decode
-        try:
-            trainer.test(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
+        try:  # teacher-forced loss / ppl are the beam pass's: only the decoded scores get a key
+            evaluation_pass(out, trainer, module, dm, "test", ckpt, suffix="_greedy", keys=("bleu", "chrf"))
         finally:
             module.test_decode = beam_decode
-        out["test_bleu_greedy"] = module.split_scores.get("test", {}).get("bleu")
     n = int(cfg.callbacks.step_checkpoints.get("keep_last_n") or 0)
     if cfg.eval.get("test_average", True) and n > 0:
         out.update(_averaged_test(trainer, module, dm, run_dir, n))
@@ -45,7 +85,26 @@ def _averaged_test(trainer, module, dm, run_dir: Path, n: int) -> dict[str, Any]
     if trainer.is_global_zero:
         save_checkpoint(average_checkpoints(paths), avg_path)
     trainer.strategy.barrier()
-    trainer.test(module, datamodule=dm, ckpt_path=str(avg_path), verbose=False)
-    t = module.split_scores.get("test", {})
-    return {"test_bleu_avg": t.get("bleu"), "test_chrf_avg": t.get("chrf"),
-            "averaged_checkpoints": [p.name for p in paths], "averaged_checkpoint": str(avg_path)}
+    out: dict[str, Any] = {"averaged_checkpoints": [p.name for p in paths], "averaged_checkpoint": str(avg_path)}
+    evaluation_pass(out, trainer, module, dm, "test", str(avg_path), suffix="_avg")
+    return out
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """What the console shows at the end of a run: the scores it has, never a None."""
+    def fmt(label: str, key: str) -> str | None:
+        v = results.get(key)
+        return f"{label} {v:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    lines = [f"run folder: {results.get('run_dir')}  (status: {results.get('status')})"]
+    for title, parts in (("test", [fmt("BLEU", "test_bleu"), fmt("chrF", "test_chrf"),
+                                   fmt("greedy BLEU", "test_bleu_greedy"), fmt("averaged BLEU", "test_bleu_avg")]),
+                         ("valid", [fmt("BLEU", "valid_bleu"), fmt("loss", "valid_loss"), fmt("ppl", "valid_ppl")])):
+        shown = [p for p in parts if p]
+        if shown:
+            lines.append(f"{title}: " + "  ".join(shown))
+    if results.get("test_bleu") is not None and results.get("bleu_signature"):
+        lines.append(f"BLEU signature: {results['bleu_signature']}")
+    if results.get("partial"):
+        lines.append("partial scores (debugging limits): " + ", ".join(f"{k} {v}" for k, v in results["partial"].items()))
+    return lines

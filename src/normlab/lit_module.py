@@ -47,6 +47,8 @@ class Seq2SeqModule(L.LightningModule):
         # stays greedy; train.py swaps test_decode to report greedy test BLEU too.
         self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
         self.split_scores: dict[str, dict] = {}
+        # how an evaluation pass logs: under "<split>/<metric><suffix>", only score_keys (None: all)
+        self.log_scores, self.score_suffix, self.score_keys = True, "", None
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._reset_eval()
 
@@ -158,20 +160,34 @@ class Seq2SeqModule(L.LightningModule):
         sums, hyps = self._gather()
         loss, nll, ntok = sums.tolist()
         ntok = max(ntok, 1.0)
-        metrics = {f"{split}/loss": loss / ntok, f"{split}/nll": nll / ntok,
-                   f"{split}/ppl": math.exp(min(nll / ntok, 50.0))}
-        result = {k.split("/")[1]: v for k, v in metrics.items()}
+        metrics = {"loss": loss / ntok, "nll": nll / ntok, "ppl": math.exp(min(nll / ntok, 50.0))}
+        result: dict = dict(metrics)
         if hyps and not self.trainer.sanity_checking:
             refs = self.trainer.datamodule.references(split)
+            if len(hyps) < len(refs) and self._limited(split):  # fast_dev_run / limit_*_batches: BLEU over
+                idx = sorted(hyps)                               # what was decoded, marked partial
+                refs, result["partial"] = [refs[i] for i in idx], f"{len(idx)} of {len(refs)} sentences"
+                hyps = {k: hyps[i] for k, i in enumerate(idx)}
             s = score(ordered(hyps, len(refs)), refs)
-            metrics.update({f"{split}/bleu": s["bleu"], f"{split}/chrf": s["chrf"]})
-            result.update(s)
-            result["hypotheses"] = ordered(hyps, len(refs))
-        # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
-        self.log_dict(metrics, sync_dist=_dist(), prog_bar=split == "valid")
+            metrics.update(bleu=s["bleu"], chrf=s["chrf"])
+            result.update(s, hypotheses=ordered(hyps, len(refs)))
+        # One key per score: the final test's extra passes log under their own suffix (test/bleu_greedy,
+        # test/bleu_avg), and the final re-validation of the scored checkpoint logs nothing (final_test.py).
+        keys = self.score_keys or tuple(metrics)
+        logged = {f"{split}/{k}{self.score_suffix}": v for k, v in metrics.items() if k in keys}
+        if self.log_scores:
+            # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
+            self.log_dict(logged, sync_dist=_dist(), prog_bar=split == "valid")
         self.split_scores[split] = result
-        shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in metrics.items() if not k.endswith("nll"))
-        rank_zero_info(f"step {self.global_step} {split}: {shown}")  # a line per validation in the log
+        shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
+        partial = f"  (partial: {result['partial']})" if "partial" in result else ""
+        rank_zero_info(f"step {self.global_step} {split}: {shown}{partial}")  # a line per validation in the log
+
+    def _limited(self, split: str) -> bool:
+        """Whether Lightning was asked to run only part of the split (debugging runs)."""
+        t = self.trainer
+        limit = t.limit_val_batches if split == "valid" else t.limit_test_batches
+        return bool(t.fast_dev_run) or bool(t.overfit_batches) or isinstance(limit, int) or limit < 1.0
 
     def on_validation_epoch_end(self) -> None:
         self._finish_split("valid")

@@ -1,42 +1,69 @@
-"""Experiment loggers: W&B (offline unless asked), CSV, or none.
+"""Experiment loggers from config: any number at once (lightning-hydra-template's many_loggers).
 
-W&B never blocks or fails for lack of network: the default mode is offline (runs are written
-under the run folder and can be synced later); WANDB_MODE in the environment wins over the
-config, as wandb itself documents.
+`logger` is a dict of `_target_` nodes (conf/logger/*.yaml); the default is W&B + CSV, so the
+dashboard and the report's curves (csv/metrics.csv) both exist whatever else is chosen:
+`logger=csv`, `logger=[wandb,csv,tensorboard]`, `+logger=tensorboard` (add one), `logger=none`.
+Each logger writes under the run folder (save_dir). W&B also gets the run's name, group, tags and
+config, and never blocks or fails for lack of network: the default mode is offline (runs are
+written under the run folder and can be synced later); WANDB_MODE in the environment wins over the
+config, as wandb itself documents. `run_id` (or logger.wandb.id) makes a rerun continue the same
+W&B run.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
 
 
-def build_logger(logger_cfg: Any, run_dir: Path, project: str, name: str, group: str,
-                 tags: list[str], config: dict):
-    kind = logger_cfg.name
-    if kind == "none":
-        return False
-    if kind == "csv":
-        from lightning.pytorch.loggers import CSVLogger
-
-        return CSVLogger(save_dir=str(run_dir), name="csv", version="")
-    from lightning.pytorch.loggers import WandbLogger
-
-    mode = os.environ.get("WANDB_MODE") or logger_cfg.get("mode", "offline")
-    os.environ.setdefault("WANDB_SILENT", "true")
-    return WandbLogger(project=project, name=name, group=group, tags=tags, save_dir=str(run_dir),
-                       mode=mode, entity=logger_cfg.get("entity"), config=config,
-                       reinit=True)
+def _is_wandb(logger_or_cls) -> bool:
+    cls = logger_or_cls if isinstance(logger_or_cls, type) else type(logger_or_cls)
+    return any(c.__name__ == "WandbLogger" for c in cls.__mro__)
 
 
-def finish_logger(logger, results: dict | None = None) -> None:
-    """Copy results.json's scalars (status, test_bleu, ...) into the W&B run summary, so the
-    dashboard and `report --wandb` see diverged / failed runs too; then close the run so each
-    multirun job is its own finished run."""
-    if logger and type(logger).__name__ == "WandbLogger":
-        import wandb
+def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group: str, tags: list[str],
+                  config: dict, run_id: str | None = None) -> list:
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
 
-        if wandb.run is not None:
-            wandb.run.summary.update({k: v for k, v in (results or {}).items()
-                                      if isinstance(v, (str, int, float, bool)) or v is None})
-            wandb.finish()
+    loggers = []
+    for node in (logger_cfg or {}).values():
+        if node is None:
+            continue
+        kwargs = OmegaConf.to_container(node, resolve=True)
+        cls = get_class(kwargs.pop("_target_"))
+        if _is_wandb(cls):
+            os.environ.setdefault("WANDB_SILENT", "true")
+            kwargs = {"project": project, "name": name, "group": group, "tags": tags, "config": config,
+                      **kwargs, "mode": os.environ.get("WANDB_MODE") or kwargs.get("mode") or "offline",
+                      "reinit": True}
+            if run_id or kwargs.get("id"):
+                kwargs.update(id=run_id or kwargs["id"], resume="allow")
+        if "save_dir" in inspect.signature(cls.__init__).parameters:
+            kwargs.setdefault("save_dir", str(run_dir))
+        loggers.append(cls(**kwargs))
+    return loggers
+
+
+def wandb_summary(results: dict) -> dict:
+    """results.json's scalars under their own keys, and the logged series that have a results.json
+    counterpart (valid/bleu <-> valid_bleu, test/bleu_avg <-> test_bleu_avg) set to its value: the
+    scored checkpoint's, as W&B's docs do for a best value. So the summary equals results.json."""
+    scalars = {k: v for k, v in results.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    series = {k.replace("_", "/", 1): v for k, v in scalars.items() if k.split("_", 1)[0] in ("valid", "test")}
+    return scalars | series
+
+
+def finish_loggers(loggers: list, results: dict | None = None) -> None:
+    """Copy results.json's scores into the W&B run summary (so the dashboard and `report --wandb`
+    see diverged / failed runs too), then close each run, so each multirun job is its own run."""
+    for logger in loggers or []:
+        if _is_wandb(logger):
+            import wandb
+
+            if wandb.run is not None:
+                wandb.run.summary.update(wandb_summary(results or {}))
+                wandb.finish()
+        else:
+            logger.finalize("success" if (results or {}).get("status") == "completed" else "failed")

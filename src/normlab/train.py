@@ -19,9 +19,9 @@ from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import validate_run_config
 from normlab.callbacks import instantiate_callbacks
-from normlab.final_test import extra_test_scores
+from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
-from normlab.loggers import build_logger, finish_logger
+from normlab.loggers import build_loggers, finish_loggers
 
 log = logging.getLogger("normlab")
 CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
@@ -76,8 +76,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                            compile=cfg.model.get("compile", False))
     name, group, tags = describe(cfg, choices)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
-    logger = build_logger(cfg.logger, run_dir, cfg.project, name, group, tags, config=full_cfg | {"choices": choices})
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
+    loggers = build_loggers(cfg.get("logger"), run_dir, cfg.project, name, group, tags,
+                            config=full_cfg | {"choices": choices})
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
                                                  plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
     results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "name": name,
                                "group": group, "seed": cfg.seed, "params": module.model.num_parameters()}
@@ -86,7 +87,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # Ctrl-C / SIGTERM make Lightning return early with trainer.interrupted set: not a result.
         status = "interrupted" if trainer.interrupted else getattr(module, "status", "completed")
         results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
-        results.update(_final_scores(cfg, trainer, module, dm))
+        results.update(final_scores(cfg, trainer, module, dm, run_dir))
     finally:
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(time.time() - t0, 1))
@@ -94,30 +95,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             results["compile_s"] = round(module.compile_seconds, 1)
         if trainer.is_global_zero:
             write_json(run_dir / "results.json", results)
-        finish_logger(logger, results)
+        finish_loggers(loggers, results)
     if trainer.is_global_zero:
-        log.info("test BLEU %s  (%s)", results.get("test_bleu"), results.get("bleu_signature"))
-        print(f"\nrun folder: {run_dir}\ntest BLEU: {results.get('test_bleu')}  chrF: {results.get('test_chrf')}"
-              f"  ({results.get('bleu_signature')})")
+        for line in summary_lines(results):
+            log.info(line)
     return results
-
-
-def _final_scores(cfg: DictConfig, trainer: L.Trainer, module: Seq2SeqModule, dm) -> dict[str, Any]:
-    """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
-    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stalled"):
-        return {}  # a stalled run trained to the end: it is scored
-    ck = trainer.checkpoint_callback
-    ckpt = "best" if ck is not None and ck.best_model_path else None
-    out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}
-    trainer.validate(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
-    v = module.split_scores.get("valid", {})
-    out.update(valid_loss=v.get("loss"), valid_ppl=v.get("ppl"), valid_bleu=v.get("bleu"), valid_chrf=v.get("chrf"))
-    if cfg.eval.test:
-        trainer.test(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
-        t = module.split_scores.get("test", {})
-        out.update(test_loss=t.get("loss"), test_bleu=t.get("bleu"), test_chrf=t.get("chrf"),
-                   bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
-        if trainer.is_global_zero and "hypotheses" in t:
-            (run_dir_of(cfg) / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
-        out.update(extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir_of(cfg)))  # greedy, averaged
-    return out
