@@ -30,11 +30,12 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
     """Validate or test `ckpt`; add `<split>_<metric><suffix>` for each key to `out` (the logger
     gets `<split>/<metric><suffix>`, the same values); the pass's full result."""
     module.log_scores, module.score_suffix, module.score_keys = log_scores, suffix, keys
+    module.score_label = f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})"
     try:
         run = trainer.validate if split == "valid" else trainer.test
         run(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
     finally:
-        module.log_scores, module.score_suffix, module.score_keys = True, "", None
+        module.log_scores, module.score_suffix, module.score_keys, module.score_label = True, "", None, None
     result = module.split_scores.get(split, {})
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
@@ -47,8 +48,8 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[st
     if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stalled"):
         return {}  # a stalled run trained to the end: it is scored
     ck = trainer.checkpoint_callback
-    ckpt = "best" if ck is not None and ck.best_model_path else None
-    out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}
+    ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
+    out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}
     evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False)
     if not cfg.eval.test:
         return out

@@ -49,6 +49,7 @@ class Seq2SeqModule(L.LightningModule):
         self.split_scores: dict[str, dict] = {}
         # how an evaluation pass logs: under "<split>/<metric><suffix>", only score_keys (None: all)
         self.log_scores, self.score_suffix, self.score_keys = True, "", None
+        self.score_label: str | None = None  # the text line's label instead of "step N <split>"
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._reset_eval()
 
@@ -75,6 +76,7 @@ class Seq2SeqModule(L.LightningModule):
             dist.all_reduce(t)
             norm = t.clamp(min=1.0) / dist.get_world_size()
         self._train_tokens += ntok
+        self.last_train_stats = (loss.detach(), nll.detach(), ntok)  # sums: the text log line (callbacks/progress.py)
         if self._logging_step():
             self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
                           batch_size=n)
@@ -181,7 +183,8 @@ class Seq2SeqModule(L.LightningModule):
         self.split_scores[split] = result
         shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
         partial = f"  (partial: {result['partial']})" if "partial" in result else ""
-        rank_zero_info(f"step {self.global_step} {split}: {shown}{partial}")  # a line per validation in the log
+        label = self.score_label or f"step {self.global_step} {split}"
+        rank_zero_info(f"{label}: {shown}{partial}")  # a line per validation in the log
 
     def _limited(self, split: str) -> bool:
         """Whether Lightning was asked to run only part of the split (debugging runs)."""

@@ -42,7 +42,10 @@ def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group
                 kwargs.update(id=run_id or kwargs["id"], resume="allow")
         if "save_dir" in inspect.signature(cls.__init__).parameters:
             kwargs.setdefault("save_dir", str(run_dir))
-        loggers.append(cls(**kwargs))
+        logger = cls(**kwargs)
+        if _is_wandb(cls):  # Lightning passes anonymous=None, which wandb warns about on every run
+            getattr(logger, "_wandb_init", {}).pop("anonymous", None)
+        loggers.append(logger)
     return loggers
 
 

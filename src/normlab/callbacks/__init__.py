@@ -21,7 +21,9 @@ def instantiate_callbacks(callbacks_cfg: Any) -> list:
     for node in (callbacks_cfg or {}).values():
         if isinstance(node, DictConfig) and "_target_" in node:
             try:
-                out.append(hydra.utils.instantiate(node))
+                callback = hydra.utils.instantiate(node)
+                if callback is not None:  # a factory may decline (the progress bar when the bar is off)
+                    out.append(callback)
             except InstantiationException as e:
                 if isinstance(e.__cause__, ConfigError):
                     raise e.__cause__ from None

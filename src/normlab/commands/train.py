@@ -56,8 +56,10 @@ def task(cfg: DictConfig) -> float | None:
 
     try:
         validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+        from normlab.callbacks.progress import console_setup
         from normlab.train import run
 
+        console_setup()  # before the Trainer prints its first lines
         results = run(cfg)
     except Exception as err:
         run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None

@@ -82,6 +82,7 @@ class TranslationDataModule(L.LightningDataModule):
         src_lang: str = "src",
         tgt_lang: str = "tgt",
         name: str | None = None,
+        shuffle: bool = True,  # false: training batches in a fixed order (debug=overfit)
         tokenizer: Tokenizer | None = None,  # given (e.g. a checkpoint's): the data must be encoded with it
         tokenizer_owner: str = "the checkpoint",
         **kwargs,  # other keys of the Hydra data group (e.g. notes); not used here
@@ -97,7 +98,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_positions = max_positions
         self.cache_dir = resolve_path(cache_dir)
         self.seed, self.num_workers, self.preprocess_workers = seed, num_workers, preprocess_workers
-        self.check_inputs = check_inputs
+        self.check_inputs, self.shuffle = check_inputs, shuffle
         self.src_lang, self.tgt_lang, self.name = src_lang, tgt_lang, name
         self._given_tokenizer, self._owner = tokenizer, tokenizer_owner
         self.folder: DataFolder | None = None
@@ -201,7 +202,7 @@ class TranslationDataModule(L.LightningDataModule):
         num_replicas, rank = self._replicas()
         train = split == "train"
         return batch_loader(self.datasets[split], self.max_tokens if train else self.eval_max_tokens,
-                            shuffle=train, seed=self.seed, num_replicas=num_replicas, rank=rank,
+                            shuffle=train and self.shuffle, seed=self.seed, num_replicas=num_replicas, rank=rank,
                             epoch_fn=self._epoch if train else None, num_workers=self.num_workers)
 
     def train_dataloader(self) -> BatchLoader:

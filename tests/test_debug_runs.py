@@ -1,0 +1,51 @@
+"""Debugging the Lightning way (conf/debug, lightning-hydra-template's debug configs): fast_dev_run
+and limit_*_batches complete, and their BLEU is over what was decoded, marked partial."""
+import itertools
+import json
+
+import pytest
+
+from normlab.data.datamodule import TranslationDataModule
+from normlab.data.tokenizer import Tokenizer
+from normlab.evaluation import score
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides
+
+
+def debug_run(option: str, small_corpus, tmp_path, *extra: str) -> tuple[dict, object]:
+    cfg = compose_cfg([f"debug={option}", *tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache"),
+                       "data.eval_max_tokens=256", *extra])  # several eval batches, so a limit cuts the split
+    return run(cfg), cfg
+
+
+def test_fast_dev_run(small_corpus, tmp_path):
+    results, _ = debug_run("fdr", small_corpus, tmp_path)
+    assert results["status"] == "completed" and results["steps"] == 1
+    assert set(results["partial"]) == {"valid", "test"} and isinstance(results["test_bleu"], float)
+    assert results["checkpoint"] == "final weights"  # fast_dev_run saves no checkpoint
+
+
+def test_limited_batches_score_what_was_decoded(small_corpus, tmp_path):
+    results, cfg = debug_run("limit", small_corpus, tmp_path, "trainer.max_steps=4", "trainer.val_check_interval=2")
+    assert results["status"] == "completed" and results["steps"] == 4
+    n_valid, n_test = (int(results["partial"][s].split(" of ")[0]) for s in ("valid", "test"))
+    assert 0 < n_valid < 40 and 0 < n_test < 40 and results["partial"]["test"].endswith("of 40 sentences")
+    # an independent computation: the test split's first 2 batches, as the data module builds them
+    data = {k: v for k, v in json.loads(json.dumps(dict(cfg.data), default=str)).items() if k != "_target_"}
+    data["max_positions"] = cfg.model.max_positions
+    dm = TranslationDataModule(**data, tokenizer=Tokenizer.load(tmp_path / "run" / "tokenizer"))
+    dm.setup("test")
+    idx = sorted(i for b in itertools.islice(dm.dataloader("test"), 2) for i in b["idx"].tolist())
+    hyps = (tmp_path / "run" / "test.hyp").read_text().splitlines()
+    assert len(idx) == len(hyps) == n_test
+    refs = dm.references("test")
+    assert results["test_bleu"] == score(hyps, [refs[i] for i in idx])["bleu"]
+
+
+def test_debug_options_compose():
+    for option, key, value in [("fdr", "fast_dev_run", True), ("limit", "limit_val_batches", 2),
+                               ("overfit", "overfit_batches", 2), ("profiler", "max_steps", 50)]:
+        cfg = compose_cfg([f"debug={option}"])
+        assert cfg.trainer[key] == value and set(cfg.logger) == {"csv"} and list(cfg.tags) == ["debug"]
+    assert compose_cfg(["debug=overfit"]).data.shuffle is False

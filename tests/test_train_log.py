@@ -1,0 +1,52 @@
+"""The fairseq-like text line: every log_every_n_steps in the console and train.log, bar on or off,
+with values equal to what the loggers record; no duplicated Lightning lines, no `None` scores."""
+import csv
+import re
+
+import pytest
+
+from normlab.commands.train import main as train_main
+
+from conftest import tiny_overrides
+
+LINE = re.compile(r"step (\d+)/(\d+) \| epoch (\d+) \| loss ([\d.]+) \| nll ([\d.]+) \| ppl ([\d.]+) \| "
+                  r"lr ([\d.e+-]+) \| gnorm ([\d.]+) \| tgt tok/s ([\d,]+) \| upd/s ([\d.]+) \| "
+                  r"elapsed (\d+:\d\d:\d\d) \| eta (\d+:\d\d:\d\d)$")
+
+
+def tiny_run(small_corpus, tmp_path, monkeypatch, *extra: str) -> tuple[str, str]:
+    monkeypatch.chdir(tmp_path)
+    over = [o for o in tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache") if not o.startswith("+run_dir")]
+    assert train_main([*over, f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_steps=4",
+                       "trainer.val_check_interval=4", "callbacks.step_checkpoints.keep_last_n=0", *extra]) == 0
+    return (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypatch, capsys):
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=1", "eval.test=false")
+    out = capsys.readouterr().out
+    lines = [m for m in map(LINE.search, text.splitlines()) if m]
+    assert [int(m.group(1)) for m in lines] == [1, 2, 3, 4] and {m.group(2) for m in lines} == {"4"}
+    assert sum(bool(LINE.search(line)) for line in out.splitlines()) == 4  # the console has them too
+    # with a line per step, each line's loss / nll / lr are that step's, as the CSV logger recorded them
+    rows = {int(r["step"]): r for r in csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open())
+            if r.get("train/loss")}
+    for m in lines:
+        row = rows[int(m.group(1)) - 1]  # Lightning logs a step's metrics under the step before it
+        assert float(m.group(4)) == pytest.approx(float(row["train/loss"]), abs=6e-4)
+        assert float(m.group(5)) == pytest.approx(float(row["train/nll"]), abs=6e-4)
+        assert float(m.group(7)) == pytest.approx(float(row["train/lr"]), rel=6e-3)
+    # one line per record, no None for a run without a test, no third-party notices
+    for noise in ("None", "💡 Tip", "LeafSpec", "Traceback", "INFO: "):
+        assert noise not in out, noise
+    assert out.count("GPU available") <= 1 and "test:" not in out and "valid: BLEU" in out
+
+
+def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=2", "eval.test=false",
+                    "trainer.enable_progress_bar=true", "callbacks.progress_bar.tty_only=false")
+    assert [int(m.group(1)) for m in map(LINE.search, text.splitlines()) if m] == [2, 4]
+    out = capsys.readouterr().out
+    console = re.split(r"[\r\n]", out)
+    assert sum(bool(LINE.search(line)) for line in console) == 2  # written above the bar, not into it
+    assert "tok/s=" in out and "lr=" in out and "Epoch 0/-2" not in out
