@@ -79,9 +79,13 @@ def test_single_run_that_crashes_exits_nonzero_and_still_leaves_results(small_co
 def test_optuna_sweep_runs_trials_and_writes_the_best(small_corpus, tmp_path):
     sweep = tmp_path / "optuna"
     p = _train(["-m", "+sweep=optuna_lr", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=1",
+                f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}",  # the README's resumable storage
                 f"data.train_src={small_corpus['train_src']}", *_tiny(small_corpus, tmp_path), "eval.valid_bleu=true",
                 f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
     assert p.returncode == 0, p.stderr[-3000:]
     best = (sweep / "optimization_results.yaml").read_text()
     assert "best_params" in best and "optim.lr" in best and "best_value" in best
     assert len([d for d in sweep.iterdir() if (d / "results.json").is_file()]) == 2
+    import optuna
+
+    assert len(optuna.load_study(study_name="lr_warmup_dropout", storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials) == 2
