@@ -1,0 +1,206 @@
+"""Every command example in README.md runs as written (on a tiny run), so a change cannot break
+one silently. One test case per example, named by its README line.
+
+How an example is found and run (conventions for whoever adds one):
+- An example is a line of a ```bash block (lines ending in a backslash are joined; `# ...`
+  comments dropped). `python train.py ...` / `normlab-train ...` run the training entry point,
+  `python -m normlab.commands.<cmd> ...` / `normlab-<cmd> ...` run that command, both in-process
+  (the same `main(argv)` the console scripts call) in a fresh temporary working folder, and must
+  exit 0. `echo "text" | <command>` feeds the text on stdin; `for d in <folders>; do <command>
+  "$d" ...; done` runs the command on the tiny run.
+- Training examples keep their own overrides and get TINY appended (the tiny corpus and model, one
+  step, no test, CSV logging unless the example picks a logger), so an override that no longer
+  composes or validates fails here. A sweep (`-m`) runs its first job only: comma lists become
+  their first value and a sweep file's parameters are dropped (tests/test_sweeps.py checks every
+  job of every sweep file). An example whose trainer needs a GPU or several devices is composed
+  and validated only.
+- Placeholders (each example gets its own copy of the runs): `$RUN`, `RUN_DIR`, `RUN_DIR_OR_CKPT` = a tiny trained pre-norm run (5 step
+  checkpoints and their average, as training writes them); `ADMIN_RUN` = a tiny trained Admin
+  run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines only name the
+  placeholder. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
+  after `--ref`) = the tiny test split; `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
+  Decoding commands get `--max-len-a 0 --max-len-b 5` appended (an untrained model never ends a
+  sentence; the flags only bound the time).
+- Examples that are not normlab commands or cannot run here are listed in NOT_RUN with the reason
+  (installs, CI itself, corpora that are downloaded by hand).
+"""
+import io
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from normlab.commands import average, evaluate, export_admin, prune, report, translate
+from normlab.commands.common import main_guard
+from normlab.commands.train import main as train_main
+from normlab.config import validate_run_config
+
+from conftest import ROOT, compose_cfg, tiny_overrides
+
+README = ROOT / "README.md"
+COMMANDS = {"translate": translate, "evaluate": evaluate, "average": average, "prune": prune,
+            "report": report, "export_admin": export_admin, "export-admin": export_admin}
+DECODING = ("translate", "evaluate", "prune")
+NOT_RUN = {  # first words of the example -> why this test does not run it
+    "make": "the Makefile targets: CI runs `make test` itself; `make train` is the full default run",
+    "python3 -m venv": "GPU install steps (a CUDA torch download)",
+    ".venv/bin/pip": "GPU install steps (a CUDA torch download)",
+    "python scripts/prepare_corpus.py": "needs corpora downloaded by hand; tests/test_prepare_corpus.py runs it",
+}
+
+
+@dataclass
+class Example:
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def readme_examples() -> list[Example]:
+    text, out = README.read_text(), []
+    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+        first = text[:block.start()].count("\n") + 2
+        pending, start = "", None
+        for i, raw in enumerate(block.group(1).split("\n")):
+            start = first + i if not pending else start
+            pending += raw.rstrip()
+            if pending.endswith("\\"):
+                pending = pending[:-1] + " "
+                continue
+            command = " ".join(shlex.split(pending, comments=True))
+            if command and not re.match(r"^[A-Z_]+=\S+$", command):  # RUN=... names a placeholder
+                out.append(Example(start, pending))
+            pending = ""
+    return out
+
+
+EXAMPLES = readme_examples()
+
+
+def not_run_reason(example: Example) -> str | None:
+    return next((why for start, why in NOT_RUN.items() if example.text.lstrip().startswith(start)), None)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(small_corpus, tmp_path_factory):
+    """The placeholders' runs, trained once."""
+    tmp = tmp_path_factory.mktemp("readme")
+    capped = ["eval.decoder.max_len_a=0", "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_a=0",
+              "eval.test_decoder.max_len_b=5"]
+    sweep = tmp / "multirun"
+
+    def train(run_dir: Path, *extra: str) -> None:  # as a user does: Hydra writes .hydra/config.yaml
+        over = [o for o in tiny_overrides(small_corpus, run_dir, tmp / "cache") if not o.startswith("+run_dir")]
+        assert train_main([*over, *capped, *extra, f"hydra.run.dir={run_dir}"]) == 0
+
+    train(sweep / "0_prenorm", "trainer.max_steps=6", "trainer.val_check_interval=3",
+          "callbacks.checkpoint.every_n_steps=1")
+    train(tmp / "admin", "norm=postnorm", "init=admin", "trainer.max_steps=2", "trainer.val_check_interval=2",
+          "eval.test=false")
+    steps = sorted((sweep / "0_prenorm" / "checkpoints").glob("step*.ckpt"))
+    return {"run": sweep / "0_prenorm", "admin": tmp / "admin", "sweep": sweep, "steps": steps,
+            "corpus": small_corpus, "cache": tmp / "cache"}
+
+
+def own_copy(runs: dict, tmp_path: Path) -> dict:
+    shutil.copytree(runs["sweep"], tmp_path / "multirun")
+    shutil.copytree(runs["admin"], tmp_path / "admin")
+    run_dir = tmp_path / "multirun" / runs["run"].name
+    return {**runs, "sweep": tmp_path / "multirun", "run": run_dir, "admin": tmp_path / "admin",
+            "steps": [run_dir / "checkpoints" / p.name for p in runs["steps"]]}
+
+
+def substitute(tokens: list[str], runs: dict) -> list[str]:
+    corpus, out = runs["corpus"], []
+    literal = {"data/bible_de_en/test.de.gz": corpus["test_src"], "test.de": corpus["test_src"],
+               "src.de": corpus["test_src"], "a.ckpt": str(runs["steps"][-2]), "b.ckpt": str(runs["steps"][-1]),
+               "ADMIN_RUN": str(runs["admin"])}
+    for i, tok in enumerate(tokens):
+        tok = re.sub(r"^(\$RUN|RUN_DIR_OR_CKPT|RUN_OR_CKPT|RUN_DIR)(?=/|$)", str(runs["run"]), tok)
+        tok = re.sub(r"^multirun/[^ ]*?(?=/\*|$)", str(runs["sweep"]), tok) if tok.startswith("multirun/") else tok
+        if tok == "test.en" and i and tokens[i - 1] == "--ref":
+            tok = corpus["test_tgt"]
+        out.append(literal.get(tok, tok))
+    return out
+
+
+def first_job(args: list[str]) -> list[str]:
+    """A sweep's first job: `key=a,b` -> `key=a` (not inside brackets or quotes)."""
+    return [a if a.startswith("-") or "=" not in a or "[" in a else a.split(",")[0] for a in args]
+
+
+def tiny(runs: dict, args: list[str]) -> list[str]:
+    over = [o for o in tiny_overrides(runs["corpus"], runs["run"], runs["cache"]) if not o.startswith("+run_dir")]
+    if any(a.startswith("logger=") for a in args):
+        over = [o for o in over if not o.startswith("logger=")]
+    return over + ["model.max_positions=256", "trainer.max_steps=1", "trainer.val_check_interval=1",
+                   "eval.test=false", "callbacks.checkpoint.keep_last_n=0", "eval.decoder.max_len_a=0",
+                   "eval.decoder.max_len_b=5"]
+
+
+def run_train(args: list[str], runs: dict, tmp_path: Path) -> None:
+    if args and args[0] in ("--help", "--cfg"):
+        assert train_main(args) == 0
+        return
+    multirun = "-m" in args or "--multirun" in args
+    overrides = first_job([a for a in args if a not in ("-m", "--multirun")]) + tiny(runs, args)
+    cfg = compose_cfg(overrides)
+    if cfg.trainer.accelerator == "gpu" or cfg.trainer.devices not in (1, "1", "auto"):
+        validate_run_config(cfg)  # a GPU / multi-device example: composed and validated only
+        return
+    if multirun:
+        sweeper = ["hydra.sweeper.n_trials=1"] if "optuna" in " ".join(args) else ["hydra.sweeper.params=null"]
+        argv = ["-m", *overrides, *sweeper, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    else:
+        argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    assert train_main(argv) == 0
+    (results,) = (tmp_path / ("sweep" if multirun else "run")).rglob("results.json")
+    assert '"status": "completed"' in results.read_text()
+
+
+def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> None:
+    if name in DECODING:
+        args = args + ["--max-len-a", "0", "--max-len-b", "5"]
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8"))
+    assert main_guard(COMMANDS[name].main, args) == 0
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=str)
+def test_readme_example_runs(example, tiny_runs, tmp_path, monkeypatch, capsys):
+    reason = not_run_reason(example)
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.chdir(tmp_path)
+    tiny_runs = own_copy(tiny_runs, tmp_path)  # examples write into run folders (eval/, prune/)
+    text = example.text
+    loop = re.match(r"for (\w+) in (\S+); do (.*); done$", text.strip())
+    if loop:  # the body on the tiny run
+        text = loop.group(3).replace(f'"${loop.group(1)}"', "$RUN").replace(f"${loop.group(1)}", "$RUN")
+    stdin = None
+    if "|" in text:
+        left, text = text.split("|", 1)
+        assert shlex.split(left)[0] == "echo", example
+        stdin = " ".join(shlex.split(left)[1:]) + "\n"
+    tokens = substitute(shlex.split(text, comments=True), tiny_runs)
+    if tokens[:2] in (["python", "train.py"], [".venv/bin/python", "train.py"]) or tokens[0] == "normlab-train":
+        run_train(tokens[1 if tokens[0] == "normlab-train" else 2:], tiny_runs, tmp_path)
+    elif tokens[:2] == ["python", "-m"] and tokens[2].startswith("normlab.commands."):
+        run_command(tokens[2].split(".")[-1], tokens[3:], stdin, monkeypatch)
+    elif tokens[0].startswith("normlab-"):
+        run_command(tokens[0].removeprefix("normlab-"), tokens[1:], stdin, monkeypatch)
+    else:
+        pytest.fail(f"{example}: not a command this test knows: {example.text!r}; run it here or add it to "
+                    "NOT_RUN with the reason (see the conventions at the top of this file)")
+
+
+def test_the_readme_has_examples_of_every_command():
+    text = " ".join(e.text for e in EXAMPLES)
+    for name in ("train.py", "translate", "evaluate", "average", "prune", "report", "export_admin"):
+        assert name in text, name
