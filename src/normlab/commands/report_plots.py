@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+import sys
 from pathlib import Path
 
 from normlab.commands.report_runs import Run, key_of, label
@@ -150,6 +151,9 @@ def all_plots(out: Path, table: dict, runs: list[Run], prune: dict) -> list[str]
     made = []
     if curves(out / "curves.png", table, runs):
         made.append("curves.png")
+    elif runs:  # say why, instead of a report that silently has no curves
+        print("note: no training curves: no run has csv/metrics.csv (the CSV logger is in the default "
+              "logger=[wandb,csv]; keep csv when choosing loggers)", file=sys.stderr)
     name = f"{table['metric']}_vs_{table['cols'][0].replace('.', '_')}.png"
     if metric_vs_column(out / name, table):
         made.append(name)
