@@ -83,3 +83,12 @@ def test_train_py_as_a_user_runs_it(tmp_path):
     assert p.returncode == 2
     assert p.stderr == "error: norm.type: 'batchnorm' is not valid (allowed: layernorm, scalenorm, rmsnorm)\n"
     assert p.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_command_flag_is_one_line_too(capsys):
+    from normlab.commands import translate
+    from normlab.commands.common import main_guard
+
+    assert main_guard(translate.main, ["run", "--beam", "four"]) == 2
+    assert one_error_line(capsys) == ("error: python -m normlab.commands.translate: argument --beam: invalid int value: "
+                                      "'four' (see python -m normlab.commands.translate --help)")

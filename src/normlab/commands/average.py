@@ -18,7 +18,7 @@ from pathlib import Path
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, last_checkpoints, save_checkpoint
 from normlab.checkpoint import CheckpointError, load_checkpoint
-from normlab.commands.common import CommandError, main_guard, refuse_overwrite
+from normlab.commands.common import CommandError, CommandParser, main_guard, refuse_overwrite
 
 
 def _averages(output: Path, paths: list[Path]) -> bool:
@@ -32,7 +32,7 @@ def _averages(output: Path, paths: list[Path]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.average", description=__doc__.split("\n\n")[0],
+    ap = CommandParser(prog="python -m normlab.commands.average", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("inputs", nargs="+", help="one run folder (with --last), or two or more checkpoint files")
     ap.add_argument("--last", type=int, help="average the last N step checkpoints of the run folder")

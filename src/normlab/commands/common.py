@@ -15,6 +15,13 @@ class CommandError(UserError):
     """A user error: printed as `error: ...` with exit code 2, no traceback."""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag like every other user error: one line, exit status 2."""
+
+    def error(self, message: str):
+        raise CommandError(self.prog, f"{message} (see {self.prog} --help)")
+
+
 def add_decoder_args(ap: argparse.ArgumentParser) -> None:
     # Defaults are the papers' (Vaswani et al. 2017): beam 4, length penalty 0.6, |src| + 50.
     g = ap.add_argument_group("decoding")

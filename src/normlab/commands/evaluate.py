@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes, write_json
-from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
-                                     run_dir_of_checkpoint)
+from normlab.commands.common import (CommandError, CommandParser, load, main_guard, parse_decoding_command,
+                                     refuse_overwrite, run_dir_of_checkpoint)
 from normlab.config import ConfigError
 from normlab.data.corpus import CorpusError, read_lines
 from normlab.evaluation import lines_loader, make_decoder, ordered, score, translate_batches
@@ -59,7 +59,7 @@ def evaluate(model, tokenizer, batches, references: list[str], decoder: dict, pr
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.evaluate", description=__doc__.split("\n\n")[0],
+    ap = CommandParser(prog="python -m normlab.commands.evaluate", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("checkpoint", help="a checkpoint (.ckpt) or a run folder (its best, else last, checkpoint)")
     ap.add_argument("--split", choices=("valid", "test"), help="a split of the run's data config")

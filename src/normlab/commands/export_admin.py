@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from normlab.checkpoint import atomic_write_bytes, load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from normlab.commands.common import CommandError, main_guard
+from normlab.commands.common import CommandError, CommandParser, main_guard
 from normlab.init.admin import export_post_norm
 
 
@@ -43,7 +43,7 @@ def export_checkpoint(ckpt_path: str | Path, out: str | Path, allow_inexact: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.export_admin", description=__doc__.split("\n\n")[0],
+    ap = CommandParser(prog="python -m normlab.commands.export_admin", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("checkpoint", help="an Admin checkpoint (.ckpt) or a run folder")
     ap.add_argument("out", help="where to write the plain post-norm checkpoint")

@@ -32,8 +32,8 @@ from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes, save_model, write_json
 from normlab.config import ConfigError
-from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite,
-                                     run_dir_of_checkpoint)
+from normlab.commands.common import (CommandError, CommandParser, load, main_guard, parse_decoding_command,
+                                     refuse_overwrite, run_dir_of_checkpoint)
 from normlab.data.batching import batch_loader
 from normlab.data.corpus import CorpusError
 from normlab.evaluation import make_decoder, ordered, score, translate_batches
@@ -188,7 +188,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.prune", description=__doc__.split("\n\n")[0],
+    ap = CommandParser(prog="python -m normlab.commands.prune", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("checkpoint", help="a checkpoint (.ckpt) or a run folder (its best, else last, checkpoint)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated subset of {', '.join(STRATEGIES)}")

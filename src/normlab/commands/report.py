@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.commands import report_plots
-from normlab.commands.common import CommandError, main_guard
+from normlab.commands.common import CommandError, CommandParser, main_guard
 from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
                                           label, wandb_runs)
 
@@ -259,7 +259,7 @@ def to_json(table: dict, runs: list[Run], prune: dict, ptable: list[dict]) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.report", description=__doc__.split("\n\n")[0],
+    ap = CommandParser(prog="python -m normlab.commands.report", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("folders", nargs="*", help="multirun (or run) folders; every run below them is read")
     ap.add_argument("--rows", required=True, help="comma-separated keys for the rows (e.g. norm,init or arm)")

@@ -19,7 +19,8 @@ import torch
 from tqdm import tqdm
 
 from normlab.checkpoint import atomic_write_bytes
-from normlab.commands.common import (CommandError, load, main_guard, parse_decoding_command, refuse_overwrite)
+from normlab.commands.common import (CommandError, CommandParser, load, main_guard, parse_decoding_command,
+                                     refuse_overwrite)
 from normlab.data.corpus import CorpusError, read_lines
 from normlab.decoding.beam import beam_search
 from normlab.evaluation import lines_loader, make_decoder
@@ -79,7 +80,7 @@ def _stdin_lines() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m normlab.commands.translate",
+    ap = CommandParser(prog="python -m normlab.commands.translate",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("checkpoint", help="a checkpoint (.ckpt) or a run folder (its best, else last, checkpoint)")
