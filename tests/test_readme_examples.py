@@ -14,13 +14,16 @@ How an example is found and run (conventions for whoever adds one):
   their first value and a sweep file's parameters are dropped (tests/test_sweeps.py checks every
   job of every sweep file). An example whose trainer needs a GPU or several devices is composed
   and validated only.
-- Placeholders (each example gets its own copy of the runs): `$RUN`, `RUN_DIR`, `RUN_DIR_OR_CKPT` = a tiny trained pre-norm run (5 step
-  checkpoints and their average, as training writes them); `ADMIN_RUN` = a tiny trained Admin
+- Placeholders (each example gets its own copy of the runs): `$RUN`, `RUN_DIR`, `RUN_DIR_OR_CKPT`,
+  `outputs/<run>` = a tiny trained pre-norm run (5 step checkpoints and their average, as
+  training writes them); `ADMIN_RUN` = a tiny trained Admin
   run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines only name the
   placeholder. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
-  after `--ref`) = the tiny test split; `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
+  after `--ref`) = the tiny test split; `data/wmt14_en_de/` = the tiny corpus's folder
+  (train/valid/test.{de,en}); `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
   Decoding commands get `--max-len-a 0 --max-len-b 5` appended (an untrained model never ends a
-  sentence; the flags only bound the time).
+  sentence; the flags only bound the time), preprocess gets `--vocab-size 300` (the tiny corpus
+  cannot fill a paper-size vocabulary).
 - Examples that are not normlab commands or cannot run here are listed in NOT_RUN with the reason
   (installs, CI itself, corpora that are downloaded by hand).
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from normlab.commands import average, evaluate, export_admin, prune, report, translate
+from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, translate
 from normlab.commands.common import main_guard
 from normlab.commands.train import main as train_main
 from normlab.config import validate_run_config
@@ -43,7 +46,7 @@ from conftest import ROOT, compose_cfg, tiny_overrides
 
 README = ROOT / "README.md"
 COMMANDS = {"translate": translate, "evaluate": evaluate, "average": average, "prune": prune,
-            "report": report, "export_admin": export_admin, "export-admin": export_admin}
+            "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess}
 DECODING = ("translate", "evaluate", "prune")
 NOT_RUN = {  # first words of the example -> why this test does not run it
     "make": "the Makefile targets: CI runs `make test` itself; `make train` is the full default run",
@@ -100,7 +103,7 @@ def tiny_runs(small_corpus, tmp_path_factory):
         assert train_main([*over, *capped, *extra, f"hydra.run.dir={run_dir}"]) == 0
 
     train(sweep / "0_prenorm", "trainer.max_steps=6", "trainer.val_check_interval=3",
-          "callbacks.checkpoint.every_n_steps=1")
+          "callbacks.step_checkpoints.every_n_steps=1")
     train(tmp / "admin", "norm=postnorm", "init=admin", "trainer.max_steps=2", "trainer.val_check_interval=2",
           "eval.test=false")
     steps = sorted((sweep / "0_prenorm" / "checkpoints").glob("step*.ckpt"))
@@ -122,7 +125,8 @@ def substitute(tokens: list[str], runs: dict) -> list[str]:
                "src.de": corpus["test_src"], "a.ckpt": str(runs["steps"][-2]), "b.ckpt": str(runs["steps"][-1]),
                "ADMIN_RUN": str(runs["admin"])}
     for i, tok in enumerate(tokens):
-        tok = re.sub(r"^(\$RUN|RUN_DIR_OR_CKPT|RUN_OR_CKPT|RUN_DIR)(?=/|$)", str(runs["run"]), tok)
+        tok = re.sub(r"^(\$RUN|RUN_DIR_OR_CKPT|RUN_OR_CKPT|RUN_DIR|outputs/<run>)(?=/|$)", str(runs["run"]), tok)
+        tok = re.sub(r"^data/wmt14_en_de/", str(Path(corpus["train_src"]).parent) + "/", tok)
         tok = re.sub(r"^multirun/[^ ]*?(?=/\*|$)", str(runs["sweep"]), tok) if tok.startswith("multirun/") else tok
         if tok == "test.en" and i and tokens[i - 1] == "--ref":
             tok = corpus["test_tgt"]
@@ -139,8 +143,11 @@ def tiny(runs: dict, args: list[str]) -> list[str]:
     over = [o for o in tiny_overrides(runs["corpus"], runs["run"], runs["cache"]) if not o.startswith("+run_dir")]
     if any(a.startswith("logger=") for a in args):
         over = [o for o in over if not o.startswith("logger=")]
+    if "data=preprocessed" in args:  # a folder, not corpus files: the example's own data.path stays
+        over = [o for o in over if not o.startswith(("data.train_", "data.valid_", "data.test_", "data.vocab_size",
+                                                       "data.cache_dir"))]
     return over + ["model.max_positions=256", "trainer.max_steps=1", "trainer.val_check_interval=1",
-                   "eval.test=false", "callbacks.checkpoint.keep_last_n=0", "eval.decoder.max_len_a=0",
+                   "eval.test=false", "callbacks.step_checkpoints.keep_last_n=0", "eval.decoder.max_len_a=0",
                    "eval.decoder.max_len_b=5"]
 
 
@@ -167,6 +174,8 @@ def run_train(args: list[str], runs: dict, tmp_path: Path) -> None:
 def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> None:
     if name in DECODING:
         args = args + ["--max-len-a", "0", "--max-len-b", "5"]
+    if name == "preprocess":
+        args = args + ["--vocab-size", "300"]
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8"))
     assert main_guard(COMMANDS[name].main, args) == 0

@@ -39,3 +39,7 @@ def report() -> None:
 
 def export_admin() -> None:
     _run("export_admin")
+
+
+def preprocess() -> None:
+    _run("preprocess")

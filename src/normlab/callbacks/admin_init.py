@@ -38,10 +38,9 @@ def broadcast_omega_(model: torch.nn.Module, src: int = 0) -> None:
 class AdminInit(L.Callback):
     def __init__(self, mode: str = "profile", batches: int = 4, convention: str = "paper"):
         if mode not in MODES:
-            raise ConfigError(f"init.admin.mode={mode!r} is not valid; allowed values: {', '.join(MODES)}")
+            raise ConfigError("init.admin.mode", f"{mode!r} is not valid", MODES)
         if convention not in CONVENTIONS:
-            raise ConfigError(f"init.admin.convention={convention!r} is not valid; allowed values: "
-                              f"{', '.join(CONVENTIONS)}")
+            raise ConfigError("init.admin.convention", f"{convention!r} is not valid", CONVENTIONS)
         if not isinstance(batches, int) or batches < 1:
             raise ConfigError(f"init.admin.batches={batches!r} must be a positive integer")
         self.mode, self.batches, self.convention = mode, batches, convention

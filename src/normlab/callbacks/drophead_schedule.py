@@ -27,7 +27,7 @@ class DropHeadSchedule(L.Callback):
     def __init__(self, p: float, schedule: str = "v_shape", warmup: int | None = None,
                  total: int | None = None, p_start: float | None = None):
         if schedule not in SCHEDULES:
-            raise ConfigError(f"{KEY}.schedule={schedule!r} is not valid; allowed values: {', '.join(SCHEDULES)}")
+            raise ConfigError(f"{KEY}.schedule", f"{schedule!r} is not valid", SCHEDULES)
         self.p, self.schedule, self.warmup, self.total, self.p_start = p, schedule, warmup, total, p_start
         self.last_p: float | None = None
 

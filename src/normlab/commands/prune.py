@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
-        raise CommandError(f"--strategies: {bad[0]!r} is not valid; allowed values: {', '.join(STRATEGIES)}")
+        raise CommandError("--strategies", f"{bad[0]!r} is not valid", STRATEGIES)
     if args.max_sentences is not None and args.max_sentences < 1:
         raise CommandError(f"--max-sentences={args.max_sentences} must be >= 1")
 

@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = None  # an in-process caller (tests) must not see this run's Hydra config
         sys.argv = saved_argv
         if saved_env is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
