@@ -210,19 +210,20 @@ def test_fixnorm_output_scale_is_the_final_scalenorm_g_and_gets_a_gradient():
     torch.testing.assert_close(model(src, tgt), 3.0 * cos)
 
 
-# ---- impossible combinations -------------------------------------------------------------------
+# ---- impossible combinations (one line, `<key>: <what>`: normlab.errors) ----------------------
 @pytest.mark.parametrize("kw, pattern", [
-    (dict(init="admin", norm={"placement": "pre"}), r"init=admin with norm\.placement=pre"),
-    (dict(init="admin", norm={"placement": "deepnorm"}), r"init=admin with norm\.placement=deepnorm"),
-    (dict(norm={"placement": "rezero"}), r"norm\.type=layernorm with norm\.placement=rezero"),
-    (dict(norm={"placement": "pre", "type": "none"}), r"norm\.type=none with norm\.placement=pre"),
+    (dict(init="admin", norm={"placement": "pre"}), r"^init: admin with norm\.placement=pre: "),
+    (dict(init="admin", norm={"placement": "deepnorm"}), r"^init: admin with norm\.placement=deepnorm: "),
+    (dict(norm={"placement": "rezero"}), r"^norm\.type: layernorm with norm\.placement=rezero: "),
+    (dict(norm={"placement": "pre", "type": "none"}), r"^norm\.type: none with norm\.placement=pre: "),
     (dict(layer_aggregation="dlcl", norm={"placement": "resi_dual"}),
-     r"norm\.placement=resi_dual with model\.layer_aggregation=dlcl"),
-    (dict(layer_aggregation="dlcl", init="admin"), r"init=admin with model\.layer_aggregation=dlcl"),
+     r"^model\.layer_aggregation: dlcl with norm\.placement=resi_dual: "),
+    (dict(layer_aggregation="dlcl", init="admin"), r"^model\.layer_aggregation: dlcl with init=admin: "),
     (dict(layer_aggregation="dlcl", regularizer={"decoder_layerdrop": 0.2}),
-     r"regularizer\.decoder_layerdrop=0\.2 with model\.layer_aggregation=dlcl"),
-    (dict(layer_aggregation="dense"), r"model\.layer_aggregation='dense'.*none, dlcl"),
-    (dict(layer_aggregation="dlcl", layer_aggregation_stacks="middle"), r"model\.layer_aggregation_stacks='middle'"),
+     r"^regularizer\.decoder_layerdrop: 0\.2 with model\.layer_aggregation=dlcl on the decoder"),
+    (dict(layer_aggregation="dense"), r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl\)$"),
+    (dict(layer_aggregation="dlcl", layer_aggregation_stacks="middle"),
+     r"^model\.layer_aggregation_stacks: 'middle' is not valid"),
 ])
 def test_impossible_combinations_fail_naming_the_keys(kw, pattern):
     with pytest.raises(ConfigError, match=pattern) as e:

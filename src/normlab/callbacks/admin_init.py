@@ -42,7 +42,7 @@ class AdminInit(L.Callback):
         if convention not in CONVENTIONS:
             raise ConfigError("init.admin.convention", f"{convention!r} is not valid", CONVENTIONS)
         if not isinstance(batches, int) or batches < 1:
-            raise ConfigError(f"init.admin.batches={batches!r} must be a positive integer")
+            raise ConfigError("init.admin.batches", f"{batches!r} is not valid", "an integer > 0")
         self.mode, self.batches, self.convention = mode, batches, convention
         self.report: dict | None = None
 
