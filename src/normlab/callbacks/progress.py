@@ -83,7 +83,8 @@ class TrainLog(Callback):
 
     def __init__(self, every_n_steps: int | None = None):
         self.every_n_steps = every_n_steps  # None: trainer.log_every_n_steps
-        self._sums: torch.Tensor | None = None  # loss, nll, target tokens since the last line
+        self._sums: torch.Tensor | None = None  # loss, nll since the last line (on the device: no sync)
+        self._ntok = 0  # target tokens since the last line (collate counts them on the host)
         self._t_start = self._t_last = time.perf_counter()
         self._start_step = self._last_step = 0
         self._eval_seconds = 0.0
@@ -98,7 +99,7 @@ class TrainLog(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._t_start = self._t_last = time.perf_counter()
         self._start_step = self._last_step = trainer.global_step
-        self._eval_seconds, self._sums = 0.0, None
+        self._eval_seconds, self._sums, self._ntok = 0.0, None, 0
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._t_eval = time.perf_counter()
@@ -117,15 +118,16 @@ class TrainLog(Callback):
         stats = getattr(pl_module, "last_train_stats", None)  # (loss sum, nll sum, target tokens)
         if stats is not None:
             loss, nll, ntok = stats
-            step = torch.stack([loss.detach().double(), nll.detach().double(),
-                                torch.tensor(float(ntok), dtype=torch.float64, device=loss.device)])
+            step = torch.stack([loss.detach().double(), nll.detach().double()])
             self._sums = step if self._sums is None else self._sums + step
+            self._ntok += int(ntok)
         step = trainer.global_step
         if step % self._every(trainer) == 0 and step != self._last_step and self._sums is not None:
             self._write(trainer)
 
     def _write(self, trainer) -> None:
-        loss, nll, ntok = trainer.strategy.reduce(self._sums, reduce_op="sum").tolist()  # no-op on one device
+        ntok = torch.tensor([float(self._ntok)], dtype=torch.float64, device=self._sums.device)
+        loss, nll, ntok = trainer.strategy.reduce(torch.cat([self._sums, ntok]), reduce_op="sum").tolist()
         now, step = time.perf_counter(), trainer.global_step
         interval = max(now - self._t_last, 1e-9)
         train_seconds = max(now - self._t_start - self._eval_seconds, 1e-9)
@@ -140,7 +142,7 @@ class TrainLog(Callback):
                  f"elapsed {_hms(now - self._t_start)}", f"eta {_hms(eta)}"]
         if trainer.is_global_zero:
             log.info(" | ".join(parts))
-        self._t_last, self._last_step, self._sums = now, step, None
+        self._t_last, self._last_step, self._sums, self._ntok = now, step, None, 0
 
 
 class StepProgressBar(TQDMProgressBar):
