@@ -53,6 +53,8 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
     "python3 -m venv": "GPU install steps (a CUDA torch download)",
     ".venv/bin/pip": "GPU install steps (a CUDA torch download)",
     "python scripts/prepare_corpus.py": "needs corpora downloaded by hand; tests/test_prepare_corpus.py runs it",
+    ".venv/bin/python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md), here on a GPU",
+    "python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md)",
 }
 
 

@@ -79,7 +79,7 @@ def test_compiled_model_trains_like_the_eager_one_and_reports_compile_time(small
 def test_bad_compile_value_names_the_key(small_corpus, tmp_path):
     from normlab.config import ConfigError
 
-    with pytest.raises(ConfigError, match="model.compile='fastest' is not valid"):
+    with pytest.raises(ConfigError, match="model.compile: 'fastest' is not valid"):
         _run(small_corpus, tmp_path, "model.compile=fastest")
 
 
