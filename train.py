@@ -9,9 +9,12 @@ Examples:
 import hydra
 from omegaconf import DictConfig
 
+import normlab.identity  # the resolvers conf/hydra names run folders with (nl.run_name, nl.study)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    normlab.identity.register_resolvers()  # a submitit worker unpickles main without running this file
     from normlab.failure import record_failure
     from normlab.train import run  # imported late so `--help` stays fast
 

@@ -20,7 +20,7 @@ def _train(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def _tiny(small_corpus, tmp_path) -> list[str]:
     over = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
-            if not o.startswith(("+run_dir", "data.train_src"))]
+            if not o.startswith(("++run_dir", "data.train_src"))]
     return over + ["trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false",
                    "callbacks.step_checkpoints.keep_last_n=0", "name=j${hydra:job.num}"]
 

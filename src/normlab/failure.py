@@ -29,7 +29,7 @@ def is_multirun_job() -> bool:
 
 def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     """Write (or complete) results.json with status "failed"; True if the caller should go on."""
-    from normlab.train import hydra_choices, run_dir_of
+    from normlab.run_folder import hydra_choices, run_dir_of
 
     if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
         run_dir = run_dir_of(cfg)

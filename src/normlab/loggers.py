@@ -12,7 +12,9 @@ from typing import Any
 
 
 def build_logger(logger_cfg: Any, run_dir: Path, project: str, name: str, group: str,
-                 tags: list[str], config: dict):
+                 tags: list[str], config: dict, run_id: str | None = None):
+    """run_id: the W&B run id (train.run passes the run folder's, so a continued run logs into the
+    same W&B run)."""
     kind = logger_cfg.name
     if kind == "none":
         return False
@@ -26,7 +28,7 @@ def build_logger(logger_cfg: Any, run_dir: Path, project: str, name: str, group:
     os.environ.setdefault("WANDB_SILENT", "true")
     return WandbLogger(project=project, name=name, group=group, tags=tags, save_dir=str(run_dir),
                        mode=mode, entity=logger_cfg.get("entity"), config=config,
-                       reinit=True)
+                       reinit=True, id=run_id, resume="allow" if run_id else None)
 
 
 def finish_logger(logger, results: dict | None = None) -> None:
