@@ -73,7 +73,7 @@ def test_multirun_records_a_failed_job_and_runs_the_others(small_corpus, tmp_pat
         seen[run.run_id] = set(run.tags)
     assert len(seen) == 2
     norms = [t for tags in seen.values() for t in tags if t.startswith("norm:")]
-    assert sorted(norms) == ["norm:postnorm", "norm:prenorm"]
+    assert sorted(norms) == ["norm:post_ln", "norm:pre_ln"]  # resolved values, not the choice names
     assert all({"init:xavier", "enc:2", "seed:1"} <= tags for tags in seen.values())
 
 

@@ -209,10 +209,11 @@ def restore_csv_histories(loggers: list, histories: dict) -> None:
     for logger in loggers:
         if not isinstance(logger, CSVLogger):
             continue
-        writer = logger.experiment  # opening it deletes the old file
-        path = Path(writer.metrics_file_path).resolve()
-        if path not in histories:
+        writer = logger.experiment  # opening it deletes the old file (a stand-in on ranks other than 0)
+        path = getattr(writer, "metrics_file_path", None)
+        if not isinstance(path, str) or Path(path).resolve() not in histories:
             continue
+        path = Path(path).resolve()
         header, rows = histories[path]
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=header)

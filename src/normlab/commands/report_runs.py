@@ -12,15 +12,13 @@ from omegaconf import OmegaConf
 
 from normlab.commands.common import CommandError
 
-# Statuses a run records itself (train.run): diverged and stalled runs are results, not failures.
-RESULT_STATUSES = ("completed", "diverged", "stalled")
 RUNNING_WINDOW_S = 600  # a job folder without results.json, written to in the last 10 minutes: running
 
 
 @dataclass
 class Run:
     path: Path
-    status: str  # completed | diverged | stalled | failed (no results.json, or any other status) | running
+    status: str  # completed | diverged | failed (also: no results.json, or any other status) | running
     results: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # flat: "model.encoder_layers" -> 6
     choices: dict = field(default_factory=dict)  # Hydra choices: "norm" -> "postnorm", "arm" -> "admin"
@@ -28,7 +26,10 @@ class Run:
     error: str | None = None
 
     def get(self, key: str) -> Any:
-        for source in (self.choices, self.config, self.results, self.overrides):  # overrides: strings
+        # labels (norm, init, regularizer, arm) describe the resolved values that ran; the Hydra
+        # choice names only say which file they came from (runs before labels existed fall back to them)
+        labels = self.results.get("labels") or {}
+        for source in (labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
             if key in source and not isinstance(source[key], dict):
                 return source[key]
         return None
@@ -115,7 +116,7 @@ def load_run(job: Path) -> Run:
         status, error = "running", "no results.json yet (files written in the last 10 minutes)"
     elif not results:
         status, error = "failed", "no results.json (the job crashed or was killed)"
-    elif status not in RESULT_STATUSES:
+    elif status not in ("completed", "diverged"):
         error = error or f"status {status!r}"
         status = "failed"
     return Run(job, status, results, config, {k: v for k, v in choices.items() if v is not None},
@@ -149,8 +150,9 @@ def wandb_runs(path: str, group: str | None) -> list[Run]:
         cfg = dict(r.config)
         summary = {k.replace("/", "_"): v for k, v in dict(r.summary).items() if not k.startswith("_")}
         status = summary.get("status") or ("completed" if r.state == "finished" else "failed")
-        results = {**summary, "status": status, "seed": cfg.get("seed"), "name": r.name, "group": r.group}
-        run = Run(Path(f"wandb:{r.path}"), status if status in RESULT_STATUSES else "failed", results,
+        results = {**summary, "status": status, "seed": cfg.get("seed"), "name": r.name, "group": r.group,
+                   "labels": cfg.get("labels") or {}}
+        run = Run(Path(f"wandb:{r.path}"), status if status in ("completed", "diverged") else "failed", results,
                   _flat(cfg, OmegaConf.create(cfg)), cfg.get("choices") or {}, {}, None)
         run.error = None if run.status != "failed" else f"W&B state {r.state}"
         out.append(run)
