@@ -1,0 +1,92 @@
+"""The pieces of an exact continuation, one at a time: the sampler's position, the run folder's
+decisions (finished, another run, which checkpoint), the CSV history."""
+import csv
+import json
+
+import pytest
+import torch
+
+from normlab.config import ConfigError
+from normlab.data.batching import TokenBatchSampler
+from normlab.run_folder import RUN_FILE, csv_histories, prepare, restore_csv_histories
+
+
+def sampler(epoch: int, **kw) -> TokenBatchSampler:
+    sizes = torch.arange(200) % 17 + 3
+    return TokenBatchSampler(sizes, sizes.flip(0), 60, seed=3, epoch_fn=lambda: epoch, **kw)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_sampler_continues_mid_epoch_with_the_same_batches(replicas):
+    full = list(sampler(1, num_replicas=replicas, rank=replicas - 1))
+    s = sampler(1, num_replicas=replicas, rank=replicas - 1)
+    it = iter(s)
+    first = [next(it) for _ in range(5)]
+    state = s.state_dict()
+    assert state == {"epoch": 1, "position": 5}
+    t = sampler(1, num_replicas=replicas, rank=replicas - 1)
+    t.load_state_dict(state)
+    assert first + list(t) == full
+    assert list(t) == full  # only the first iteration after loading skips
+    u = sampler(2, num_replicas=replicas, rank=replicas - 1)
+    u.load_state_dict(state)  # a state of another epoch: the whole epoch
+    assert list(u) == list(sampler(2, num_replicas=replicas, rank=replicas - 1)) != full
+
+
+def test_sampler_reports_what_training_consumed_not_what_was_fetched_ahead():
+    s = sampler(0, position_fn=lambda: 3)
+    it = iter(s)
+    [next(it) for _ in range(5)]  # a loader and Lightning's fetcher run ahead of training
+    assert s.state_dict() == {"epoch": 0, "position": 3}
+
+
+def _ckpt(path, step):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step, "state_dict": {"w": torch.ones(3) * step}}, path)
+
+
+def test_continuation_skips_an_unreadable_checkpoint_and_removes_temp_files(tmp_path):
+    ck = tmp_path / "checkpoints"
+    _ckpt(ck / "full-step4.ckpt", 4)
+    _ckpt(ck / "full-step8.ckpt", 8)
+    data = (ck / "full-step8.ckpt").read_bytes()
+    (ck / "full-step8.ckpt").write_bytes(data[: len(data) // 2])  # killed mid-copy, say
+    (ck / ".full-step12.ckpt.abc123.tmp").write_bytes(b"")  # an atomic write killed before its rename
+    (ck / "full-step12.ckpt").write_bytes(b"")
+    cont = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=False)
+    assert (cont.checkpoint, cont.step) == (ck / "full-step4.ckpt", 4)
+    assert not list(ck.glob(".*.tmp"))
+    assert json.loads((tmp_path / RUN_FILE).read_text())["identity_hash"] == "h1"
+
+
+def test_finished_other_and_retrained_runs(tmp_path):
+    first = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=False)
+    assert first.checkpoint is None and first.finished is None
+    assert prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=False).wandb_id == first.wandb_id  # same W&B run
+    (tmp_path / "results.json").write_text(json.dumps({"status": "completed", "test_bleu": 1.0}))
+    assert prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=False).finished["test_bleu"] == 1.0
+    with pytest.raises(ConfigError, match=r"holds another run \(run-h1\), which differs in seed \(1 -> 2\)"):
+        prepare(tmp_path, {"seed": 2}, "h2", "run-h2", retrain=False)
+    _ckpt(tmp_path / "checkpoints" / "full-step4.ckpt", 4)
+    again = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=True)
+    assert again.finished is None and again.checkpoint is None and again.wandb_id != first.wandb_id
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_csv_history_is_cut_at_the_continuation_step_and_extended(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    path = tmp_path / "csv" / "metrics.csv"
+    path.parent.mkdir()
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["step", "train/loss"])
+        w.writeheader()
+        w.writerows({"step": s, "train/loss": 10 - s} for s in range(8))
+    histories = csv_histories(tmp_path, 5)
+    logger = CSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    restore_csv_histories([logger], histories)
+    logger.log_metrics({"train/loss": 5.0, "valid/loss": 6.0}, step=5)
+    logger.save()
+    rows = list(csv.DictReader(open(path)))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert rows[0]["train/loss"] == "10" and rows[-1]["valid/loss"] == "6.0"
