@@ -12,7 +12,9 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,9 +31,10 @@ EXTRA = ["regularizer=layerdrop_drophead", "model.dropout=0.1", f"trainer.max_st
          "trainer.val_check_interval=8", "callbacks.full_checkpoint.every_n_steps=5", "eval.test=false",
          "eval.decoder.max_len_b=5", "callbacks.checkpoint.every_n_steps=4", "callbacks.checkpoint.keep_last_n=3",
          "trainer.log_every_n_steps=1"]
-# train.py with training_step patched to send this process a signal at a given step
+# train.py with training_step patched to send its own process a signal at a given step (a file,
+# not `python -c`: Lightning's DDP launcher starts the other ranks with the same command line)
 RUNNER = """
-import os, runpy, signal, sys
+import os, runpy
 from normlab.lit_module import Seq2SeqModule
 step, sig = int(os.environ["AT_STEP"]), int(os.environ["SEND_SIGNAL"])
 orig = Seq2SeqModule.training_step
@@ -40,7 +43,6 @@ def training_step(self, batch, batch_idx):
         os.kill(os.getpid(), sig)
     return orig(self, batch, batch_idx)
 Seq2SeqModule.training_step = training_step
-sys.argv = [sys.argv[0], *sys.argv[1:]]
 runpy.run_path(os.environ["TRAIN_PY"], run_name="__main__")
 """
 
@@ -53,8 +55,10 @@ def train_subprocess(args, env=None, at_step=None, sig=None, wait=True):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAIN_PY": str(ROOT / "train.py"), **(env or {})}
     cmd = [sys.executable, str(ROOT / "train.py"), *args]
     if at_step is not None:
+        runner = Path(tempfile.mkdtemp()) / "signal_at_step.py"
+        runner.write_text(RUNNER)
         env.update(AT_STEP=str(at_step), SEND_SIGNAL=str(int(sig)))
-        cmd = [sys.executable, "-c", RUNNER, *args]
+        cmd = [sys.executable, str(runner), *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,38 @@
+"""Slow variants of tests/test_runs_survive.py (`make test-slow`; run them whenever the
+continuation code changes): kill -9 at several steps, and a 2-process DDP run killed and continued."""
+import signal
+
+import pytest
+
+from normlab.train import run
+
+from conftest import compose_cfg
+from test_runs_survive import STEPS, assert_same_run, final_state, overrides, reference, train_subprocess  # noqa: F401
+
+DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [1, 4, 5, 6, 8, 11, 16, 17, 23])
+def test_kill_9_at_many_steps(reference, small_corpus, step):
+    root, ref = reference
+    run_dir = root / f"slow-killed-at-{step}"
+    args = overrides(small_corpus, run_dir, root / "cache")
+    p = train_subprocess(args, at_step=step, sig=signal.SIGKILL)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert run(compose_cfg(args))["status"] == "completed"
+    assert_same_run(ref, run_dir, f"killed at step {step}")
+
+
+@pytest.mark.slow
+def test_ddp_run_killed_and_continued_equals_an_uninterrupted_one(small_corpus, tmp_path):
+    ref, killed = tmp_path / "ddp-ref", tmp_path / "ddp-killed"
+    p = train_subprocess(overrides(small_corpus, ref, tmp_path / "cache", *DDP))
+    assert p.returncode == 0, p.stderr[-3000:]
+    args = overrides(small_corpus, killed, tmp_path / "cache", *DDP)
+    p = train_subprocess(args, at_step=13, sig=signal.SIGKILL)  # every rank dies at step 13
+    assert p.returncode != 0
+    p = train_subprocess(args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert final_state(killed)["global_step"] == STEPS
+    assert_same_run(ref, killed, "DDP, killed at step 13")
