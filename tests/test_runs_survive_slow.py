@@ -1,8 +1,12 @@
 """Slow variants of tests/test_runs_survive.py (`make test-slow`; run them whenever the
 continuation code changes): kill -9 at several steps, and a 2-process DDP run killed and continued."""
+import json
 import signal
+import time
 
 import pytest
+
+from normlab.callbacks.full_checkpoint import full_checkpoints
 
 from normlab.train import run
 
@@ -36,3 +40,20 @@ def test_ddp_run_killed_and_continued_equals_an_uninterrupted_one(small_corpus, 
     assert p.returncode == 0, p.stderr[-3000:]
     assert final_state(killed)["global_step"] == STEPS
     assert_same_run(ref, killed, "DDP, killed at step 13")
+
+
+@pytest.mark.slow
+def test_sigterm_sent_from_outside_writes_a_checkpoint_and_stops(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    args = overrides(small_corpus, run_dir, tmp_path / "cache", "trainer.max_steps=100000",
+                     "trainer.val_check_interval=100000", "eval.valid_bleu=false")
+    proc = train_subprocess(args, wait=False)
+    deadline = time.time() + 300
+    while not full_checkpoints(run_dir / "checkpoints") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "preempted" and 0 < results["steps"] < 100000
+    assert full_checkpoints(run_dir / "checkpoints")[0][0] == results["steps"]

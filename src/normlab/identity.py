@@ -42,14 +42,14 @@ HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
 
 
-def _plain(cfg: Any) -> dict:
+def _plain(cfg: Any, with_checkpoint: bool = True) -> dict:
     """The resolved task config as plain data, without Hydra's own node, with the model settings of
     the `resume` / `finetune` checkpoint in place of the config's (see checkpoint_model)."""
     if not OmegaConf.is_config(cfg):
         return dict(cfg)
     out = {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
            else cfg[k] for k in cfg if k != "hydra"}
-    for key, value in checkpoint_model(cfg).items():
+    for key, value in (checkpoint_model(cfg) if with_checkpoint else {}).items():
         _set(out, key, value)
     return out
 
@@ -241,13 +241,20 @@ def _sweep_axes(overrides: list[str]) -> dict[str, list[str]]:
     return axes
 
 
+def _folder_name(root: DictConfig) -> str:
+    try:
+        return run_name(root)
+    except Exception:  # e.g. an unreadable resume= checkpoint: train.run reports it in one line
+        return run_name(_plain(root, with_checkpoint=False))
+
+
 def _resolve_run_name(*, _root_: DictConfig) -> str:
-    return run_name(_root_)
+    return _folder_name(_root_)
 
 
 def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
     given = _root_.get("run_dir")
-    return str(given) if given else f"{parent}/{run_name(_root_)}"
+    return str(given) if given else f"{parent}/{_folder_name(_root_)}"
 
 
 def register_resolvers() -> None:
