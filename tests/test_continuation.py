@@ -90,3 +90,38 @@ def test_csv_history_is_cut_at_the_continuation_step_and_extended(tmp_path):
     rows = list(csv.DictReader(open(path)))
     assert [int(r["step"]) for r in rows] == [0, 1, 2, 3, 4, 5]
     assert rows[0]["train/loss"] == "10" and rows[-1]["valid/loss"] == "6.0"
+
+
+def test_a_continued_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from normlab.loggers import build_logger, finish_logger
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    wandb_id = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=False).wandb_id
+    for leg in range(2):  # each leg of the run: the id from run.json, resume="allow"
+        logger = build_logger(OmegaConf.create({"name": "wandb", "mode": "offline", "entity": None}), tmp_path,
+                              "normlab-test", "run-h1", "g", [], {}, run_id=prepare(tmp_path, {"seed": 1}, "h1",
+                                                                                    "run-h1", retrain=False).wandb_id)
+        logger.log_metrics({"train/loss": 1.0 / (leg + 1)}, step=leg)
+        assert logger.experiment.id == wandb_id
+        finish_logger(logger)
+    legs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(legs) == 2 and all(p.name.endswith(wandb_id) for p in legs)
+
+
+def test_finetune_weights_load_into_a_model_without_layerdrop_and_refuse_other_shapes():
+    from normlab.config import ModelConfig
+    from normlab.model.transformer import Seq2SeqTransformer
+    from normlab.train import load_finetune_weights
+
+    base = dict(vocab_size=31, d_model=16, encoder_layers=2, decoder_layers=2, encoder_heads=2, decoder_heads=2,
+                encoder_ffn=32, decoder_ffn=32, max_positions=64)
+    source = Seq2SeqTransformer(ModelConfig(**base, regularizer={"encoder_layerdrop": 0.2, "decoder_layerdrop": 0.2}))
+    ckpt = {"state_dict": {f"model.{k}": v for k, v in source.state_dict().items()}}
+    target = Seq2SeqTransformer(ModelConfig(**base))  # LayerDrop off for fine-tuning: no draw counter
+    load_finetune_weights(target, ckpt, "x.ckpt")
+    assert all(torch.equal(v, source.state_dict()[k]) for k, v in target.state_dict().items())
+    with pytest.raises(ConfigError, match="finetune=x.ckpt: the weights do not fit the model"):
+        load_finetune_weights(Seq2SeqTransformer(ModelConfig(**{**base, "encoder_ffn": 64})), ckpt, "x.ckpt")

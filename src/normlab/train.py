@@ -82,6 +82,23 @@ def apply_checkpoint_model(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
+def load_finetune_weights(model, ckpt: dict, path) -> None:
+    """The checkpoint's weights; LayerDrop's draw counter starts afresh with the other counters
+    (and a LayerDrop rate set to 0 for fine-tuning has none)."""
+    fresh = "draw_state"
+    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items()
+             if k.startswith("model.") and not k.endswith(fresh)}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes differ: a model setting typed on the command line
+        raise ConfigError(f"finetune={path}: the weights do not fit the model: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in missing if not k.endswith(fresh)]
+    if missing or unexpected:
+        raise ConfigError(f"finetune={path}: the weights do not fit the model (missing: {missing[:3]}, "
+                          f"unexpected: {unexpected[:3]})")
+    log.info("fine-tuning from the weights of %s", path)
+
+
 def _plugins() -> list:
     plugins: list = [AtomicCheckpointIO()]
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -129,9 +146,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
                            eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto)
     if cfg.get("finetune") and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
-        state = {k[len("model."):]: v for k, v in start_state["state_dict"].items() if k.startswith("model.")}
-        module.model.load_state_dict(state)
-        log.info("fine-tuning from the weights of %s", start_ckpt)
+        load_finetune_weights(module.model, start_state, start_ckpt)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
     ckpt_path = cont.checkpoint or (start_ckpt if cfg.get("resume") and not cfg.get("finetune") else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
