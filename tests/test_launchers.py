@@ -24,7 +24,7 @@ def test_slurm_launcher_config_follows_the_trainer():
 def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
     args = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
             if not o.startswith("++run_dir")] + [
-        "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false", "callbacks.checkpoint.keep_last_n=0",
+        "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false", "callbacks.step_checkpoints.keep_last_n=0",
         "seed=5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 

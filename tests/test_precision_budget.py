@@ -15,7 +15,7 @@ from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 
-QUICK = ["eval.test=false", "eval.valid_bleu=false", "trainer.log_every_n_steps=1", "callbacks.checkpoint.keep_last_n=0"]
+QUICK = ["eval.test=false", "eval.valid_bleu=false", "trainer.log_every_n_steps=1", "callbacks.step_checkpoints.keep_last_n=0"]
 
 
 def quick(small_corpus, tmp_path, *more):

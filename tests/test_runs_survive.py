@@ -28,7 +28,7 @@ STEPS = 24
 # best checkpoint; full-state checkpoints every 5 steps, so kills land before, on and after them
 EXTRA = ["regularizer=layerdrop_drophead", "model.dropout=0.1", f"trainer.max_steps={STEPS}",
          "trainer.val_check_interval=8", "callbacks.full_checkpoint.every_n_steps=5", "eval.test=false",
-         "eval.decoder.max_len_b=5", "callbacks.checkpoint.every_n_steps=4", "callbacks.checkpoint.keep_last_n=3",
+         "eval.decoder.max_len_b=5", "callbacks.step_checkpoints.every_n_steps=4", "callbacks.step_checkpoints.keep_last_n=3",
          "trainer.log_every_n_steps=1"]
 # train.py with training_step patched to send its own process a signal at a given step (a file,
 # not `python -c`: Lightning's DDP launcher starts the other ranks with the same command line)

@@ -1,7 +1,7 @@
 """What the final test adds to results.json beside the beam-search test BLEU (train._final_scores).
 
 - test_bleu_greedy: the validation decoder (greedy) on the test set, when the test decoder differs;
-- test_bleu_avg / test_chrf_avg: the average of the last `callbacks.checkpoint.keep_last_n`
+- test_bleu_avg / test_chrf_avg: the average of the last `callbacks.step_checkpoints.keep_last_n`
   checkpoints (written every `every_n_steps` steps as step<N>.ckpt), decoded like test_bleu
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
 - decoders: the decoder settings of valid and test.
@@ -12,22 +12,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.averaging import average_checkpoints, save_checkpoint, step_checkpoints
 
 log = logging.getLogger("normlab")
-
-
-def step_checkpoint_callbacks(ck: DictConfig, run_dir: Path) -> list:
-    """The periodic checkpoints averaging reads; none when keep_last_n or every_n_steps is 0."""
-    n, k = int(ck.get("keep_last_n") or 0), int(ck.get("every_n_steps") or 0)
-    if n <= 0 or k <= 0:
-        return []
-    return [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step}", monitor="step", mode="max",
-                            save_top_k=n, every_n_train_steps=k, save_weights_only=True,
-                            auto_insert_metric_name=False, enable_version_counter=False)]  # a continued run rewrites its own
 
 
 def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, run_dir: Path) -> dict[str, Any]:
@@ -41,7 +30,7 @@ def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, ru
         finally:
             module.test_decode = beam_decode
         out["test_bleu_greedy"] = module.split_scores.get("test", {}).get("bleu")
-    n = int(cfg.callbacks.checkpoint.get("keep_last_n") or 0)
+    n = int(cfg.callbacks.step_checkpoints.get("keep_last_n") or 0)
     if cfg.eval.get("test_average", True) and n > 0:
         out.update(_averaged_test(trainer, module, dm, run_dir, n))
     return out

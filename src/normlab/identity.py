@@ -131,7 +131,7 @@ def init_label(init: Any) -> str:
     return f"{name}_{mode}" if mode and mode != "profile" else name
 
 
-def regularizer_label(reg: Any) -> str:
+def regularizer_label(reg: Any, drophead_schedule: str | None = None) -> str:
     reg = reg or {}
     enc, dec, dh = (float(reg.get(k) or 0.0) for k in ("encoder_layerdrop", "decoder_layerdrop", "drophead"))
     parts = []
@@ -139,7 +139,7 @@ def regularizer_label(reg: Any) -> str:
         rates = _num(enc) if enc == dec else f"{_num(enc)}-{_num(dec)}"
         parts.append(f"layerdrop{rates}" + ("_learned" if reg.get("layerdrop_rates") == "learned" else ""))
     if dh:
-        parts.append(f"drophead{_num(dh)}" + ("_v" if reg.get("schedule") == "v_shape" else ""))
+        parts.append(f"drophead{_num(dh)}" + ("_v" if drophead_schedule == "v_shape" else ""))
     return "+".join(parts) or "none"
 
 
@@ -149,7 +149,8 @@ def labels(cfg: Any) -> dict[str, str]:
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
     # An arm is a norm + init pair; post-LN with Admin's init is what Liu et al. 2020 call "Admin".
     arm = norm if init == "xavier" else (init if norm == "post_ln" else f"{norm}+{init}")
-    return {"norm": norm, "init": init, "regularizer": regularizer_label(c.get("regularizer")), "arm": arm}
+    schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
+    return {"norm": norm, "init": init, "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm}
 
 
 def run_name(cfg: Any) -> str:

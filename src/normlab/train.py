@@ -15,7 +15,6 @@ from typing import Any
 
 import hydra
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
@@ -24,7 +23,8 @@ from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.callbacks.preemption import Preemption
 from normlab.checkpoint import AtomicCheckpointIO, write_json
 from normlab.config import ConfigError, validate_run_config
-from normlab.final_test import extra_test_scores, step_checkpoint_callbacks
+from normlab.callbacks import instantiate_callbacks
+from normlab.final_test import extra_test_scores
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_logger, finish_logger
 from normlab.run_folder import (csv_histories, hydra_choices, prepare, readable, restore_csv_histories, run_dir_of,
@@ -45,28 +45,15 @@ def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
     return identity.run_name(cfg), str(group or "default"), tags
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    ck = cfg.callbacks.checkpoint
-    monitor = ck.monitor if cfg.eval.valid_bleu or "bleu" not in ck.monitor else "valid/loss"
-    mode = ck.mode if monitor == ck.monitor else "min"
-    # enable_version_counter=False: a continued run rewrites its own files, never best-v1.ckpt beside them
-    checkpoint = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best-step{step}",
-                                 monitor=monitor, mode=mode, save_top_k=ck.save_top_k,
-                                 save_last=ck.save_last, auto_insert_metric_name=False, enable_version_counter=False)
-    callbacks: list = [checkpoint, *step_checkpoint_callbacks(ck, run_dir)]  # step<N>.ckpt for averaging
-    # further callbacks: any node with a _target_ in `callbacks`, or in `init` (Admin's profiling;
-    # not when fine-tuning: the weights, ω included, come from the checkpoint)
-    init = {} if cfg.get("finetune") else (cfg.get("init") or {})
-    for name, node in [*cfg.callbacks.items(), *init.items()]:
-        if isinstance(node, DictConfig) and "_target_" in node:
-            callbacks.append(hydra.utils.instantiate(node))
-    for c in callbacks:
-        if isinstance(c, FullStateCheckpoint):
-            c.dirpath = run_dir / "checkpoints"
-    from normlab.callbacks.drophead_schedule import schedule_callback
+def build_callbacks(cfg: DictConfig) -> list:
+    """Every `_target_` node under `callbacks` (normlab.callbacks); when fine-tuning, not Admin's
+    initialisation: the weights, ω included, come from the checkpoint."""
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    if cfg.get("finetune"):
+        from normlab.callbacks.admin_init import AdminInit
 
-    drophead = schedule_callback(cfg)  # sets DropHead's p every step; None when regularizer.drophead = 0
-    return callbacks + ([drophead] if drophead is not None else [])
+        callbacks = [c for c in callbacks if not isinstance(c, AdminInit)]
+    return callbacks
 
 
 def _rank_zero() -> bool:
@@ -112,6 +99,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
     apply_checkpoint_model(cfg)
     validate_run_config(cfg)  # fails before any data is read, naming the key
+    callbacks = build_callbacks(cfg)  # so does a bad callback setting
     run_dir = run_dir_of(cfg)
     choices = hydra_choices()
     name, group, tags = describe(cfg, choices)
@@ -154,7 +142,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     logger = build_logger(cfg.logger, run_dir, cfg.project, name, group, tags,
                           config=full_cfg | {"choices": choices, "labels": labels}, run_id=cont.wandb_id)
-    callbacks = build_callbacks(cfg, run_dir)
     full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started = t0

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 
+from normlab.config import ConfigError
+
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
 
@@ -76,17 +78,21 @@ def full_checkpoints(ckdir: Path) -> list[tuple[int, Path]]:
 class FullStateCheckpoint(Checkpoint):
     def __init__(self, every_n_steps: int = 200, keep: int = 2):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"callbacks.full_checkpoint.every_n_steps={every_n_steps!r} must be a positive integer")
+            raise ConfigError(f"callbacks.full_checkpoint.every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"callbacks.full_checkpoint.keep={keep!r} must be a positive integer")
+            raise ConfigError(f"callbacks.full_checkpoint.keep={keep!r} must be a positive integer")
         self.every, self.keep = every_n_steps, keep
-        self.dirpath: Path | None = None  # set by train.run: <run dir>/checkpoints
+        self.dirpath: Path | None = None  # <run dir>/checkpoints (the Trainer's default_root_dir), at setup
         self.started = time.time()  # train.run sets its own start, so wall time includes data loading
         self.wall_before = 0.0  # wall seconds of the earlier legs of this run (from the checkpoint)
         self.stop_after_save = False  # set by the preemption callback: save at the next safe point, stop
         self._pending = False  # a save deferred to the end of this step's validation
         self._last_step = -1
         self._rng_to_restore: dict | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
 
     def wall_s(self) -> float:
         return self.wall_before + time.time() - self.started

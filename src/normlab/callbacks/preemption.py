@@ -28,6 +28,7 @@ import lightning as L
 import torch
 
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint
+from normlab.config import ConfigError
 
 log = logging.getLogger("normlab")
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
@@ -44,7 +45,7 @@ class Preemption(L.Callback):
                  sync_every_n_steps: int = 10):
         unknown = [s for s in signals if s not in SIGNALS]
         if unknown:
-            raise ValueError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
+            raise ConfigError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
         self.signals = [SIGNALS[s] for s in signals]
         self.requeue, self.sync_every = requeue, max(int(sync_every_n_steps), 1)
         self.received: int | None = None
