@@ -125,3 +125,19 @@ def test_finetune_weights_load_into_a_model_without_layerdrop_and_refuse_other_s
     assert all(torch.equal(v, source.state_dict()[k]) for k, v in target.state_dict().items())
     with pytest.raises(ConfigError, match="finetune=x.ckpt: the weights do not fit the model"):
         load_finetune_weights(Seq2SeqTransformer(ModelConfig(**{**base, "encoder_ffn": 64})), ckpt, "x.ckpt")
+
+
+def test_an_unreadable_resume_checkpoint_is_one_error_before_any_data(tmp_path):
+    from conftest import compose_cfg
+
+    from normlab.train import run
+
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    cfg = compose_cfg(["logger=csv", f"resume={bad}", "data.train_src=/nonexistent.de", f"++run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=r"last.ckpt: not a readable checkpoint \(truncated, empty or not a torch file\)"):
+        run(cfg)
+    weights = tmp_path / "weights.ckpt"
+    torch.save({"model_config": {"d_model": 16}, "state_dict": {}}, weights)
+    with pytest.raises(ConfigError, match="holds weights only .* finetune="):
+        run(compose_cfg(["logger=csv", f"resume={weights}", f"++run_dir={tmp_path / 'r'}"]))

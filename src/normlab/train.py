@@ -165,6 +165,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results.update(status=status, **getattr(module, "divergence", {}))
         results.update(_final_scores(cfg, trainer, module, dm, run_dir))
     finally:
+        if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
+            results["status"] = "interrupted"
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if trainer.is_global_zero:
