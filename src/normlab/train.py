@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
 from normlab.budget import stopped_by_time, trainer_overrides
-from normlab.callbacks.full_checkpoint import FullStateCheckpoint
+from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption
 from normlab.checkpoint import AtomicCheckpointIO, write_json
 from normlab.config import ConfigError, validate_run_config
@@ -155,7 +155,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps}
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        except StopAfterCheckpoint:  # preempted: the checkpoint is written, module.status says so
+            pass
         status = getattr(module, "status", "completed")
         if status == "completed" and stopped_by_time(trainer):
             status = "stopped"

@@ -14,6 +14,7 @@ When it is saved matters for exactness:
   been updated (a checkpoint written before it would make Lightning skip that validation on
   resume, and the best checkpoint could differ);
 - once more when training ends, so a run killed during its final test does not train again.
+On a preemption request the run stops at the start of the next batch (StopAfterCheckpoint).
 Loggers are flushed with each save, so the CSV history up to the checkpoint is on disk.
 """
 from __future__ import annotations
@@ -34,6 +35,12 @@ from normlab.config import ConfigError
 
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
+
+
+class StopAfterCheckpoint(Exception):
+    """Raised at the start of the batch after a requested checkpoint (preemption): training ends
+    there, with everything up to the checkpoint logged exactly as an uninterrupted run logs it
+    (Lightning's `should_stop` would log one extra row at the stop)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -87,6 +94,7 @@ class FullStateCheckpoint(Checkpoint):
         self.wall_before = 0.0  # wall seconds of the earlier legs of this run (from the checkpoint)
         self.stop_after_save = False  # set by the preemption callback: save at the next safe point, stop
         self._pending = False  # a save deferred to the end of this step's validation
+        self._stop = False  # saved for a stop: end at the next batch
         self._last_step = -1
         self._rng_to_restore: dict | None = None
 
@@ -135,9 +143,11 @@ class FullStateCheckpoint(Checkpoint):
         if trainer.is_global_zero:
             for _, old in full_checkpoints(self.dirpath)[self.keep:]:
                 old.unlink(missing_ok=True)
-        if self.stop_after_save:
-            trainer.should_stop = True
-            trainer.limit_val_batches = 0  # no extra validation on the way out
+        self._stop = self.stop_after_save
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if self._stop:
+            raise StopAfterCheckpoint(f"stopped after {PREFIX}{self._last_step}.ckpt")
 
     # ---- what --------------------------------------------------------------------------------
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
