@@ -14,8 +14,8 @@ def names(cfg):
 
 
 def test_default_callbacks_in_config_order_and_admin_adds_its_own():
-    assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "Diagnostics",
-                                      "DropHeadSchedule", "FullStateCheckpoint", "Preemption"]
+    assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "StallGuard",
+                                      "Diagnostics", "DropHeadSchedule", "FullStateCheckpoint", "Preemption"]
     admin = compose_cfg(["norm=postnorm", "init=admin", "init.admin.batches=2"])
     assert names(admin).count("AdminInit") == 1
     assert instantiate_callbacks(admin.callbacks)[0].batches == 2  # init.admin.* reach the callback

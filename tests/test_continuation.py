@@ -1,5 +1,6 @@
-"""The pieces of an exact continuation, one at a time: the sampler's position, the run folder's
-decisions (finished, another run, which checkpoint), the CSV history."""
+"""The pieces of an exact continuation, one at a time: the run folder's decisions (finished, another
+run, which checkpoint), the CSV history, the W&B id, fine-tuning weights, resume errors. (The train
+loader's position: tests/test_batching.py and test_data_module.py.)"""
 import csv
 import json
 
@@ -7,37 +8,7 @@ import pytest
 import torch
 
 from normlab.config import ConfigError
-from normlab.data.batching import TokenBatchSampler
 from normlab.run_folder import RUN_FILE, csv_histories, prepare, restore_csv_histories
-
-
-def sampler(epoch: int, **kw) -> TokenBatchSampler:
-    sizes = torch.arange(200) % 17 + 3
-    return TokenBatchSampler(sizes, sizes.flip(0), 60, seed=3, epoch_fn=lambda: epoch, **kw)
-
-
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_sampler_continues_mid_epoch_with_the_same_batches(replicas):
-    full = list(sampler(1, num_replicas=replicas, rank=replicas - 1))
-    s = sampler(1, num_replicas=replicas, rank=replicas - 1)
-    it = iter(s)
-    first = [next(it) for _ in range(5)]
-    state = s.state_dict()
-    assert state == {"epoch": 1, "position": 5}
-    t = sampler(1, num_replicas=replicas, rank=replicas - 1)
-    t.load_state_dict(state)
-    assert first + list(t) == full
-    assert list(t) == full  # only the first iteration after loading skips
-    u = sampler(2, num_replicas=replicas, rank=replicas - 1)
-    u.load_state_dict(state)  # a state of another epoch: the whole epoch
-    assert list(u) == list(sampler(2, num_replicas=replicas, rank=replicas - 1)) != full
-
-
-def test_sampler_reports_what_training_consumed_not_what_was_fetched_ahead():
-    s = sampler(0, position_fn=lambda: 3)
-    it = iter(s)
-    [next(it) for _ in range(5)]  # a loader and Lightning's fetcher run ahead of training
-    assert s.state_dict() == {"epoch": 0, "position": 3}
 
 
 def _ckpt(path, step):

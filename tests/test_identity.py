@@ -16,7 +16,7 @@ def describe(*overrides: str) -> tuple[str, dict, list[str], str]:
 
 def test_a_group_choice_overridden_by_a_key_is_named_by_the_value_that_ran():
     name, labels, tags, h = describe("norm=prenorm", "norm.placement=post")
-    assert labels["norm"] == "post_ln" and labels["arm"] == "post_ln"
+    assert labels["norm"] == "post_ln" and labels["arm"] == "post_ln" and labels["aggregation"] == "none"
     assert name.startswith("post_ln-xavier-none-e3d3-s1-")
     assert {"norm:post_ln", "placement:post", "norm_type:layernorm", "norm.placement:post"} <= set(tags)
     assert not any("prenorm" in t or t == "norm:pre_ln" for t in tags)
@@ -50,14 +50,25 @@ def test_identity_ignores_how_a_run_is_logged_or_executed_but_not_what_it_learns
     (["norm=scalenorm_fixnorm"], "pre_scalenorm_fixnorm", "xavier", "none", "pre_scalenorm_fixnorm"),
     (["+arm=admin"], "post_ln", "admin", "none", "admin"),
     (["+arm=admin", "init.admin.mode=closed_form"], "post_ln", "admin_closed_form", "none", "admin_closed_form"),
+    (["+arm=admin", "init.admin.convention=authors"], "post_ln", "admin_authors", "none", "admin_authors"),
     (["norm=rmsnorm", "regularizer=layerdrop"], "pre_rmsnorm", "xavier", "layerdrop0.2", "pre_rmsnorm"),
     (["regularizer=layerdrop_drophead", "regularizer.decoder_layerdrop=0.1"], "pre_ln", "xavier",
      "layerdrop0.2-0.1+drophead0.2_v", "pre_ln"),
+    (["regularizer=drophead", "callbacks.drophead_schedule.schedule=constant"], "pre_ln", "xavier", "drophead0.2",
+     "pre_ln"),
     (["regularizer=layerdrop", "regularizer.encoder_layerdrop=0", "regularizer.decoder_layerdrop=0"], "pre_ln",
      "xavier", "none", "pre_ln"),
+    (["+arm=deepnorm"], "deepnorm", "xavier", "none", "deepnorm"),
+    (["+arm=rezero"], "rezero", "xavier", "none", "rezero"),
+    (["+arm=subln", "norm.type=rmsnorm"], "subln_rmsnorm", "xavier", "none", "subln_rmsnorm"),
+    (["+arm=pre_dyt"], "pre_dyt", "xavier", "none", "pre_dyt"),
+    (["+arm=dlcl_pre"], "pre_ln", "xavier", "none", "dlcl_pre"),
+    (["+arm=dlcl_post", "model.layer_aggregation_stacks=encoder"], "post_ln", "xavier", "none", "dlcl_encoder_post"),
 ])
 def test_labels_from_resolved_values(overrides, norm, init, reg, arm):
-    assert describe(*overrides)[1] == {"norm": norm, "init": init, "regularizer": reg, "arm": arm}
+    labels = describe(*overrides)[1]
+    assert {k: labels[k] for k in ("norm", "init", "regularizer", "arm")} == {"norm": norm, "init": init,
+                                                                             "regularizer": reg, "arm": arm}
 
 
 def test_a_sweeps_group_is_its_study_and_an_id_of_its_definition():

@@ -5,6 +5,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from normlab.callbacks.full_checkpoint import full_checkpoints
 
@@ -57,3 +58,25 @@ def test_sigterm_sent_from_outside_writes_a_checkpoint_and_stops(small_corpus, t
     results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "preempted" and 0 < results["steps"] < 100000
     assert full_checkpoints(run_dir / "checkpoints")[0][0] == results["steps"]
+
+
+@pytest.mark.slow
+def test_killed_after_a_checkpoint_at_the_epochs_last_batch(small_corpus, tmp_path):
+    """The checkpoint sits on an epoch boundary: the continued run starts the next epoch with the same
+    batch order and the same RNG as the uninterrupted one (the loaders' own generator)."""
+    import hydra
+
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    dm = hydra.utils.instantiate(compose_cfg(overrides(small_corpus, ref, tmp_path / "cache")).data)
+    dm.setup("fit")
+    epoch = len(dm.train_dataloader())  # batches per epoch
+    more = [f"trainer.max_steps={epoch + 8}", f"callbacks.full_checkpoint.every_n_steps={epoch}"]
+    assert run(compose_cfg(overrides(small_corpus, ref, tmp_path / "cache", *more)))["status"] == "completed"
+    args = overrides(small_corpus, killed, tmp_path / "cache", *more)
+    p = train_subprocess(args, at_step=epoch + 3, sig=signal.SIGKILL)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert full_checkpoints(killed / "checkpoints")[0][0] == epoch
+    assert run(compose_cfg(args))["status"] == "completed"
+    a, b = final_state(ref), final_state(killed)
+    assert a["global_step"] == b["global_step"] == epoch + 8
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])

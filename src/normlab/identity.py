@@ -119,16 +119,26 @@ def _num(x: Any) -> str:
 
 
 def norm_label(norm: Any) -> str:
-    """pre_ln, post_ln, pre_scalenorm_fixnorm, ... (the arm names of conf/arm/)."""
-    t = norm.get("type", "layernorm")
-    return f"{norm.get('placement', 'post')}_{NORM_SHORT.get(t, t)}" + ("_fixnorm" if norm.get("fixnorm") else "")
+    """pre_ln, post_ln, pre_scalenorm_fixnorm, pre_dyt, deepnorm, rezero, subln_rmsnorm, ... (the arm
+    names of conf/arm/): placement and type; a scheme's own placement name stands alone with
+    LayerNorm (or no norm, ReZero's)."""
+    placement, t = norm.get("placement", "post"), norm.get("type", "layernorm")
+    plain = placement not in ("pre", "post") and t in ("layernorm", "none")
+    return (placement if plain else f"{placement}_{NORM_SHORT.get(t, t)}") + ("_fixnorm" if norm.get("fixnorm") else "")
 
 
 def init_label(init: Any) -> str:
     init = init or {}
     name = init.get("name", "xavier")
-    mode = (init.get("admin") or {}).get("mode") if name == "admin" else None
-    return f"{name}_{mode}" if mode and mode != "profile" else name
+    admin = (init.get("admin") or {}) if name == "admin" else {}
+    extras = [admin[k] for k, default in (("mode", "profile"), ("convention", "paper")) if admin.get(k, default) != default]
+    return "_".join([name, *extras])
+
+
+def aggregation_label(model: Any) -> str:
+    """none, dlcl, dlcl_encoder, dlcl_decoder (Wang et al. 2019's layer aggregation)."""
+    agg, stacks = model.get("layer_aggregation") or "none", model.get("layer_aggregation_stacks") or "both"
+    return agg if agg == "none" or stacks == "both" else f"{agg}_{stacks}"
 
 
 def regularizer_label(reg: Any, drophead_schedule: str | None = None) -> str:
@@ -147,10 +157,15 @@ def labels(cfg: Any) -> dict[str, str]:
     """Row values for the report and W&B tags, from resolved values."""
     c = _plain(cfg)
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
-    # An arm is a norm + init pair; post-LN with Admin's init is what Liu et al. 2020 call "Admin".
+    agg = aggregation_label(c.get("model") or {})
+    # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et
+    # al. 2020 call "Admin"; DLCL arms are dlcl_pre / dlcl_post (conf/arm/).
     arm = norm if init == "xavier" else (init if norm == "post_ln" else f"{norm}+{init}")
+    if agg != "none":
+        arm = f"{agg}_{arm.removesuffix('_ln')}"
     schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
-    return {"norm": norm, "init": init, "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm}
+    return {"norm": norm, "init": init, "aggregation": agg,
+            "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm}
 
 
 def run_name(cfg: Any) -> str:
@@ -161,7 +176,8 @@ def run_name(cfg: Any) -> str:
         readable = str(given)
     else:
         lab, m = labels(c), c.get("model") or {}
-        readable = (f"{lab['norm']}-{lab['init']}-{lab['regularizer']}-"
+        agg = "" if lab["aggregation"] == "none" else f"-{lab['aggregation']}"
+        readable = (f"{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
     return f"{_safe(readable)}-{identity_hash(c)}"
 

@@ -31,7 +31,7 @@ from normlab.config import ConfigError
 
 log = logging.getLogger("normlab")
 RUN_FILE = "run.json"
-FINISHED = ("completed", "diverged")
+FINISHED = ("completed", "diverged", "stalled")  # results (report_runs.RESULT_STATUSES): not trained again
 CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
                  "arm", "sweep")
 PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true

@@ -165,7 +165,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             results["stopped_by"] = "max_time"
             print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "
                   f"{trainer.max_steps}; rerun the same command to continue")
-        results.update(status=status, **getattr(module, "divergence", {}))
+        results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
         results.update(_final_scores(cfg, trainer, module, dm, run_dir))
     finally:
         if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
@@ -188,8 +188,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _final_scores(cfg: DictConfig, trainer: L.Trainer, module: Seq2SeqModule, dm, run_dir: Path) -> dict[str, Any]:
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
-    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stopped"):
-        return {}
+    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stopped", "stalled"):
+        return {}  # a stalled run trained to the end, a stopped one as far as it got: both are scored
     ck = trainer.checkpoint_callback
     ckpt = "best" if ck is not None and ck.best_model_path else None
     out: dict[str, Any] = {"checkpoint": ck.best_model_path if ckpt else "final weights"}

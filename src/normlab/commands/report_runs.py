@@ -12,13 +12,15 @@ from omegaconf import OmegaConf
 
 from normlab.commands.common import CommandError
 
+# Statuses a run records itself (train.run): diverged and stalled runs are results, not failures.
+RESULT_STATUSES = ("completed", "diverged", "stalled")
 RUNNING_WINDOW_S = 600  # a job folder without results.json, written to in the last 10 minutes: running
 
 
 @dataclass
 class Run:
     path: Path
-    status: str  # completed | diverged | failed (also: no results.json, or any other status) | running
+    status: str  # completed | diverged | stalled | failed (no results.json, or any other status) | running
     results: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # flat: "model.encoder_layers" -> 6
     choices: dict = field(default_factory=dict)  # Hydra choices: "norm" -> "postnorm", "arm" -> "admin"
@@ -116,7 +118,7 @@ def load_run(job: Path) -> Run:
         status, error = "running", "no results.json yet (files written in the last 10 minutes)"
     elif not results:
         status, error = "failed", "no results.json (the job crashed or was killed)"
-    elif status not in ("completed", "diverged"):
+    elif status not in RESULT_STATUSES:
         error = error or f"status {status!r}"
         status = "failed"
     return Run(job, status, results, config, {k: v for k, v in choices.items() if v is not None},
@@ -152,7 +154,7 @@ def wandb_runs(path: str, group: str | None) -> list[Run]:
         status = summary.get("status") or ("completed" if r.state == "finished" else "failed")
         results = {**summary, "status": status, "seed": cfg.get("seed"), "name": r.name, "group": r.group,
                    "labels": cfg.get("labels") or {}}
-        run = Run(Path(f"wandb:{r.path}"), status if status in ("completed", "diverged") else "failed", results,
+        run = Run(Path(f"wandb:{r.path}"), status if status in RESULT_STATUSES else "failed", results,
                   _flat(cfg, OmegaConf.create(cfg)), cfg.get("choices") or {}, {}, None)
         run.error = None if run.status != "failed" else f"W&B state {r.state}"
         out.append(run)
