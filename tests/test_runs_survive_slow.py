@@ -1,5 +1,6 @@
 """Slow variants of tests/test_runs_survive.py (`make test-slow`; run them whenever the
-continuation code changes): kill -9 at several steps, and a 2-process DDP run killed and continued."""
+continuation code changes): kill -9 at several steps and after a checkpoint on an epoch boundary, a
+2-process DDP run killed and continued, SIGTERM sent from outside."""
 import json
 import signal
 import time
@@ -8,7 +9,6 @@ import pytest
 import torch
 
 from normlab.callbacks.full_checkpoint import full_checkpoints
-
 from normlab.train import run
 
 from conftest import compose_cfg
