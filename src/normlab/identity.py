@@ -34,7 +34,7 @@ NOT_IDENTITY = (
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
     "trainer.accelerator", "trainer.strategy",  # where the same computation runs
     "trainer.max_time",  # a cap on one invocation: a rerun continues the run
-    "data.cache_dir", "data.num_workers",
+    "data.cache_dir", "data.num_workers", "model.compile",  # torch.compile: how the same model runs
     "callbacks.diagnostics",  # extra logging (eval mode, own generator: no effect on training)
     "callbacks.full_checkpoint", "callbacks.preemption",  # when state is saved, not what is trained
 )

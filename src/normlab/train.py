@@ -132,7 +132,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model_cfg = model_config_from_hydra(cfg, vocab_size=tok.vocab_size,
                                         special={"pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
     module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto)
+                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto,
+                           compile=cfg.model.get("compile", False))
     if cfg.get("finetune") and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
         load_finetune_weights(module.model, start_state, start_ckpt)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
@@ -172,6 +173,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             results["status"] = "interrupted"
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
+        if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
+            results["compile_s"] = round(module.compile_seconds, 1)
         if trainer.is_global_zero:
             write_json(run_dir / "results.json", results)
         finish_logger(logger, results)
