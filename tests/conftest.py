@@ -54,7 +54,7 @@ def tiny_overrides(corpus: dict[str, str], run_dir: Path, cache: Path) -> list[s
         "model.encoder_layers=2", "model.decoder_layers=2",
         "trainer.max_steps=8", "trainer.val_check_interval=4", "trainer.log_every_n_steps=2",
         "trainer.enable_progress_bar=false", "optim.warmup=4",
-        "logger=csv", "name=tiny-test", f"+run_dir={run_dir}",
+        "logger=csv", "name=tiny-test", f"++run_dir={run_dir}",
     ]
 
 

@@ -217,3 +217,19 @@ def test_loader_state_counts_delivered_batches(workers):
     resumed = make()
     resumed.load_state_dict(state)
     assert head + [b["idx"].tolist() for b in resumed] == whole
+
+
+def test_a_state_saved_after_the_epochs_last_batch_resumes_with_the_next_epoch():
+    """Lightning goes on with epoch e + 1 but creates the iterator while current_epoch is still e."""
+    src = [[5] * (1 + i % 7) for i in range(300)]
+    ds = pairs(src, src)
+    epoch = {"now": 0}
+    make = lambda: BatchLoader(ds, TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, 24, seed=2,
+                                                     epoch_fn=lambda: epoch["now"]))
+    epoch["now"] = 1
+    second_epoch = [b["idx"].tolist() for b in make()]
+    epoch["now"] = 0
+    resumed = make()
+    resumed.load_state_dict({"epoch": 0, "position": len(resumed.batch_sampler)})
+    assert [b["idx"].tolist() for b in resumed] == second_epoch
+    assert resumed.state_dict()["epoch"] == 1

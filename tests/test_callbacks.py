@@ -16,7 +16,8 @@ def names(cfg):
 def test_default_callbacks_in_config_order_and_admin_adds_its_own():
     # (the progress bar is a factory that declines when stdout is not a terminal, as under pytest)
     assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "StallGuard",
-                                      "Diagnostics", "DropHeadSchedule", "TrainLog"]
+                                      "Diagnostics", "DropHeadSchedule", "TrainLog", "FullStateCheckpoint",
+                                      "Preemption"]
     admin = compose_cfg(["norm=postnorm", "init=admin", "init.admin.batches=2"])
     assert names(admin).count("AdminInit") == 1
     assert instantiate_callbacks(admin.callbacks)[0].batches == 2  # init.admin.* reach the callback

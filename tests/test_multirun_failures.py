@@ -19,7 +19,7 @@ def _train(args: list[str], cwd: Path = ROOT, env: dict | None = None) -> subpro
 
 def _tiny(small_corpus, tmp_path) -> list[str]:
     over = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
-            if not o.startswith(("+run_dir", "data.train_src"))]
+            if not o.startswith(("++run_dir", "data.train_src"))]
     return over + ["trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false",
                    "callbacks.step_checkpoints.keep_last_n=0", "name=j${hydra:job.num}"]
 
@@ -51,7 +51,7 @@ def test_multirun_records_a_failed_job_and_runs_the_others(small_corpus, tmp_pat
         seen[run.run_id] = set(run.tags)
     assert len(seen) == 2
     norms = [t for tags in seen.values() for t in tags if t.startswith("norm:")]
-    assert sorted(norms) == ["norm:postnorm", "norm:prenorm"]
+    assert sorted(norms) == ["norm:post_ln", "norm:pre_ln"]  # resolved values, not the choice names
     assert all({"init:xavier", "enc:2", "seed:1"} <= tags for tags in seen.values())
 
 

@@ -15,10 +15,11 @@ How an example is found and run (conventions for whoever adds one):
   job of every sweep file). An example whose trainer needs a GPU or several devices is composed
   and validated only.
 - Placeholders (each example gets its own copy of the runs): `$RUN`, `RUN_DIR`, `RUN_DIR_OR_CKPT`,
-  `outputs/<run>` = a tiny trained pre-norm run (5 step checkpoints and their average, as
-  training writes them); `ADMIN_RUN` = a tiny trained Admin
-  run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines only name the
-  placeholder. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
+  `outputs/<run>` = a tiny trained 3+3-layer pre-norm run (5 step checkpoints and their average, as
+  training writes them); `pruned.ckpt` and `$RUN/prune/checkpoints/<x>.ckpt` (when the example's own
+  prune line has not made it) = that run pruned to 2 layers; `ADMIN_RUN` = a tiny trained Admin
+  run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines (any shell
+  assignment) only name the placeholder; `key=<placeholder>` overrides are substituted too. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
   after `--ref`) = the tiny test split; `data/wmt14_en_de/` = the tiny corpus's folder
   (train/valid/test.{de,en}); `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
   Decoding commands get `--max-len-a 0 --max-len-b 5` appended (an untrained model never ends a
@@ -55,6 +56,8 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
     "python scripts/prepare_corpus.py": "needs corpora downloaded by hand; tests/test_prepare_corpus.py runs it",
     ".venv/bin/python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md), here on a GPU",
     "python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md)",
+    "srun": "the body of an sbatch script (a SLURM job step); its train.py overrides are the ones the launcher "
+            "example above composes",
 }
 
 
@@ -79,7 +82,7 @@ def readme_examples() -> list[Example]:
                 pending = pending[:-1] + " "
                 continue
             command = " ".join(shlex.split(pending, comments=True))
-            if command and not re.match(r"^[A-Z_]+=\S+$", command):  # RUN=... names a placeholder
+            if command and not re.match(r"^[A-Z_]+=", command):  # RUN=... names a placeholder
                 out.append(Example(start, pending))
             pending = ""
     return out
@@ -105,12 +108,16 @@ def tiny_runs(small_corpus, tmp_path_factory):
         assert train_main([*over, *capped, *extra, f"hydra.run.dir={run_dir}"]) == 0
 
     train(sweep / "0_prenorm", "trainer.max_steps=6", "trainer.val_check_interval=3",
-          "callbacks.step_checkpoints.every_n_steps=1")
+          "callbacks.step_checkpoints.every_n_steps=1", "model.encoder_layers=3", "model.decoder_layers=3")
     train(tmp / "admin", "norm=postnorm", "init=admin", "trainer.max_steps=2", "trainer.val_check_interval=2",
           "eval.test=false")
     steps = sorted((sweep / "0_prenorm" / "checkpoints").glob("step*.ckpt"))
+    assert main_guard(prune.main, [str(sweep / "0_prenorm"), "--strategies", "every_other", "--depths", "2",
+                                   "--save-checkpoints", "--beam", "1", "--max-len-a", "0", "--max-len-b", "5",
+                                   "--out", str(tmp / "pruned"), "-q"]) == 0
+    (pruned,) = (tmp / "pruned" / "checkpoints").glob("*.ckpt")
     return {"run": sweep / "0_prenorm", "admin": tmp / "admin", "sweep": sweep, "steps": steps,
-            "corpus": small_corpus, "cache": tmp / "cache"}
+            "corpus": small_corpus, "cache": tmp / "cache", "pruned": pruned}
 
 
 def own_copy(runs: dict, tmp_path: Path) -> dict:
@@ -127,12 +134,16 @@ def substitute(tokens: list[str], runs: dict) -> list[str]:
                "src.de": corpus["test_src"], "a.ckpt": str(runs["steps"][-2]), "b.ckpt": str(runs["steps"][-1]),
                "ADMIN_RUN": str(runs["admin"])}
     for i, tok in enumerate(tokens):
+        key, eq, tok = tok.rpartition("=") if re.match(r"^[\w.+~]+=", tok) else ("", "", tok)  # key=<placeholder>
         tok = re.sub(r"^(\$RUN|RUN_DIR_OR_CKPT|RUN_OR_CKPT|RUN_DIR|outputs/<run>)(?=/|$)", str(runs["run"]), tok)
         tok = re.sub(r"^data/wmt14_en_de/", str(Path(corpus["train_src"]).parent) + "/", tok)
         tok = re.sub(r"^multirun/[^ ]*?(?=/\*|$)", str(runs["sweep"]), tok) if tok.startswith("multirun/") else tok
         if tok == "test.en" and i and tokens[i - 1] == "--ref":
             tok = corpus["test_tgt"]
-        out.append(literal.get(tok, tok))
+        tok = literal.get(tok, tok)
+        if tok == "pruned.ckpt" or (re.search(r"/prune/checkpoints/[^/]+\.ckpt$", tok) and not Path(tok).exists()):
+            tok = str(runs["pruned"])
+        out.append(key + eq + tok)
     return out
 
 
@@ -145,6 +156,8 @@ def tiny(runs: dict, args: list[str]) -> list[str]:
     over = [o for o in tiny_overrides(runs["corpus"], runs["run"], runs["cache"]) if not o.startswith("+run_dir")]
     if any(a.startswith("logger=") for a in args):
         over = [o for o in over if not o.startswith("logger=")]
+    if any(a.startswith("resume=") for a in args):  # the model comes from the checkpoint
+        over = [o for o in over if not o.startswith("model.")]
     if "data=preprocessed" in args:  # a folder, not corpus files: the example's own data.path stays
         over = [o for o in over if not o.startswith(("data.train_", "data.valid_", "data.test_", "data.vocab_size",
                                                        "data.cache_dir"))]

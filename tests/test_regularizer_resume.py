@@ -23,14 +23,15 @@ def test_resume_continues_drophead_schedule_and_layerdrop_draws(small_corpus, tm
     first = load_checkpoint(ckpt)
     assert first["global_step"] == 4
     assert first["state_dict"]["model.encoder.layers.draw_state"][1] == 4  # one draw per training forward
-    # leg 2: resume to max_steps = 8
-    results = run(compose_cfg(base + ["trainer.max_epochs=-1", f"resume={ckpt}"]))
+    # leg 2: another budget is another run (its own folder), started from leg 1's state
+    run2 = tmp_path / "run2"
+    results = run(compose_cfg(base + ["trainer.max_epochs=-1", f"resume={ckpt}", f"++run_dir={run2}"]))
     assert results["steps"] == 8
-    final = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    final = load_checkpoint(run2 / "checkpoints" / "last.ckpt")
     assert final["state_dict"]["model.encoder.layers.draw_state"][1] == 8
     assert torch.equal(final["state_dict"]["model.decoder.layers.draw_state"][0],
                        first["state_dict"]["model.decoder.layers.draw_state"][0])  # same seed
-    rows = [r for r in csv.DictReader(open(run_dir / "csv" / "metrics.csv")) if r.get("regularizer/drophead_p")]
+    rows = [r for r in csv.DictReader(open(run2 / "csv" / "metrics.csv")) if r.get("regularizer/drophead_p")]
     logged = {int(r["step"]): float(r["regularizer/drophead_p"]) for r in rows}
     assert {4, 5, 6, 7} <= set(logged)  # the resumed leg's batches
     for step, p in logged.items():  # V shape, p = 0.2, warmup = optim.warmup = 4, last step 8

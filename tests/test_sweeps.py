@@ -24,7 +24,7 @@ CPU = ["model.max_positions=256", "trainer.accelerator=cpu", "trainer.devices=1"
        "trainer.precision=32-true",
        "trainer.max_steps=1", "trainer.val_check_interval=1", "callbacks.step_checkpoints.every_n_steps=1",
        "eval.decoder.max_len_a=0", "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_a=0",
-       "eval.test_decoder.max_len_b=5"]
+       "eval.test_decoder.max_len_b=5", "optim.tokens_per_update=null"]
 
 
 def tiny(small_corpus, tmp_path) -> list[str]:

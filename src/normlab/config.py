@@ -259,10 +259,6 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     for key, node in (cfg.get("logger") or {}).items():
         _check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
                "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
-    if cfg.get("resume"):
-        from normlab.checkpoint import load_checkpoint
-
-        load_checkpoint(cfg.resume, mmap=True)  # unreadable or unsafe: a one-line error before any data
     return model_cfg
 
 
@@ -336,7 +332,8 @@ def _validate_trainer(t: Any) -> None:
            f"{fdr!r} is not valid", "true, false or a number of batches >= 0")
     _value("trainer.gradient_clip_val", t.get("gradient_clip_val"), "a number >= 0 or null", lambda v: v >= 0,
            null=True)
-    _choice("trainer.precision", t.get("precision", "32-true"), PRECISIONS)
+    if t.get("precision") is not None:  # null: Lightning's default, or a precision plugin's
+        _choice("trainer.precision", t["precision"], PRECISIONS)
     import inspect
 
     from lightning import Trainer

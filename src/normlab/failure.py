@@ -29,10 +29,12 @@ def is_multirun_job() -> bool:
 
 def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     """Write (or complete) results.json with status "failed"; True if the caller should go on."""
-    from normlab.train import hydra_choices, run_dir_of
+    from normlab.run_folder import hydra_choices, run_dir_of
 
-    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
-        run_dir = run_dir_of(cfg)
+    run_dir = run_dir_of(cfg)
+    if _belongs_to_another_run(Path(run_dir), cfg):
+        log.error("%s holds another run: its results.json is left as it is", run_dir)
+    elif int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
         path = Path(run_dir) / "results.json"
         try:
             old = json.loads(path.read_text()) if path.is_file() else {}  # run() may have written steps etc.
@@ -42,11 +44,13 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
         results = {**old, "status": "failed", "error": f"{type(err).__name__}: {err}",
                    "traceback": "".join(tb[-12:]), "run_dir": str(run_dir), "choices": hydra_choices(),
                    "seed": cfg.get("seed")}
-        for key in ("name", "group"):
-            try:
-                results.setdefault(key, str(cfg.get(key)))
-            except Exception:  # an interpolation that itself fails (e.g. a bad choice)
-                pass
+        try:
+            from normlab.identity import run_name
+
+            results.setdefault("name", run_name(cfg))
+            results.setdefault("group", str(cfg.get("group")))
+        except Exception:  # an interpolation that itself fails (e.g. a bad choice)
+            pass
         try:
             from normlab.checkpoint import write_json
 
@@ -58,3 +62,18 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
         log.error("job failed, the sweep goes on: %s: %s (details in results.json)", type(err).__name__, err)
         return True
     return False
+
+
+def _belongs_to_another_run(run_dir: Path, cfg: DictConfig) -> bool:
+    """A folder whose run.json names another identity (an explicit run_dir reused for another config)."""
+    from normlab.run_folder import RUN_FILE
+
+    record = run_dir / RUN_FILE
+    if not record.is_file():
+        return False
+    try:
+        from normlab.identity import identity_hash
+
+        return json.loads(record.read_text()).get("identity_hash") != identity_hash(cfg)
+    except Exception:  # an unreadable record or a config that does not resolve: leave the folder alone
+        return True

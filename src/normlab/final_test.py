@@ -45,8 +45,8 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
 
 def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[str, Any]:
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
-    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stalled"):
-        return {}  # a stalled run trained to the end: it is scored
+    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stopped", "stalled"):
+        return {}  # a stalled run trained to the end, a stopped one (max_time) as far as it got: both are scored
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}
@@ -97,7 +97,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         v = results.get(key)
         return f"{label} {v:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    lines = [f"run folder: {results.get('run_dir')}  (status: {results.get('status')})"]
+    steps = f", steps {results['steps']} of {results['planned_steps']}" if "planned_steps" in results else ""
+    lines = [f"run folder: {results.get('run_dir')}  (status: {results.get('status')}{steps})"]
     for title, parts in (("test", [fmt("BLEU", "test_bleu"), fmt("chrF", "test_chrf"),
                                    fmt("greedy BLEU", "test_bleu_greedy"), fmt("averaged BLEU", "test_bleu_avg")]),
                          ("valid", [fmt("BLEU", "valid_bleu"), fmt("loss", "valid_loss"), fmt("ppl", "valid_ppl")])):

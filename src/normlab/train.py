@@ -1,69 +1,141 @@
-"""run(cfg): validate, build data + model + trainer, fit, score, write results.json.
+"""run(cfg): validate, find or continue the run's folder, build data + model + trainer, fit, score,
+write results.json.
 
 `train.py` at the project root is the Hydra entry point; this module holds the work so that
-tests and other commands can call it with a composed config.
+tests and other commands can call it with a composed config. Where a run lives and whether it
+continues: run_folder.py; what it is called and tagged: identity.py.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from normlab import identity
+from normlab.budget import stopped_by_time, trainer_overrides
+from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
+from normlab.callbacks.preemption import Preemption
 from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
-from normlab.config import validate_run_config
+from normlab.config import ConfigError, validate_run_config
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
+from normlab.run_folder import (csv_histories, hydra_choices, prepare, readable, restore_csv_histories, run_dir_of,
+                                start_checkpoint_path)
 
 log = logging.getLogger("normlab")
-CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
-                 "arm", "sweep")
-
-
-def hydra_choices() -> dict[str, str | None]:
-    if not HydraConfig.initialized():
-        return {}
-    choices = HydraConfig.get().runtime.choices
-    return {k: choices.get(k) for k in CHOICE_GROUPS if k in choices}
-
-
-def run_dir_of(cfg: DictConfig) -> Path:
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path(cfg.get("run_dir") or "outputs/manual")
 
 
 def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
-    """W&B name, group and tags from the Hydra choices, so the dashboard groups by them."""
+    """W&B name, group and tags from the resolved values (identity.py)."""
+    from hydra.core.hydra_config import HydraConfig
+
     group = cfg.get("group")
     if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
         hc = HydraConfig.get()
         group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")
-    group = group or "default"
-    m = cfg.model
-    tags = [f"{k}:{v}" for k, v in choices.items() if v is not None]
-    tags += [f"enc:{m.encoder_layers}", f"dec:{m.decoder_layers}", f"seed:{cfg.seed}", *cfg.get("tags", [])]
-    return str(cfg.name), str(group), tags
+    tags = identity.tags(cfg, choices, identity.typed_overrides(cfg))
+    return identity.run_name(cfg), str(group or "default"), tags
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    """Every `_target_` node under `callbacks` (normlab.callbacks); when fine-tuning, not Admin's
+    initialisation: the weights, ω included, come from the checkpoint."""
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    if cfg.get("finetune"):
+        from normlab.callbacks.admin_init import AdminInit
+
+        callbacks = [c for c in callbacks if not isinstance(c, AdminInit)]
+    return callbacks
+
+
+def _rank_zero() -> bool:
+    """Before the trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
+
+
+def apply_checkpoint_model(cfg: DictConfig) -> None:
+    """resume= / finetune=: the checkpoint's model settings replace the config's (identity.py)."""
+    values = identity.checkpoint_model(cfg)
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def load_finetune_weights(model, ckpt: dict, path) -> None:
+    """The checkpoint's weights; LayerDrop's draw counter starts afresh with the other counters
+    (and a LayerDrop rate set to 0 for fine-tuning has none)."""
+    fresh = "draw_state"
+    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items()
+             if k.startswith("model.") and not k.endswith(fresh)}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes differ: a model setting typed on the command line
+        raise ConfigError(f"finetune={path}: the weights do not fit the model: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in missing if not k.endswith(fresh)]
+    if missing or unexpected:
+        raise ConfigError(f"finetune={path}: the weights do not fit the model (missing: {missing[:3]}, "
+                          f"unexpected: {unexpected[:3]})")
+    log.info("fine-tuning from the weights of %s", path)
+
+
+def check_weights_fit(module, ckpt: dict, path) -> None:
+    """resume=: Lightning restores the checkpoint strictly; a model setting typed on the command line
+    that changes a shape is one ConfigError here instead of a traceback from inside fit."""
+    own = module.state_dict()
+    theirs = ckpt["state_dict"]
+    bad = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
+    if bad:
+        raise ConfigError(f"resume={path}", f"the checkpoint's weights do not fit the model the command line builds "
+                          f"(first difference: {bad[0]}); drop the model overrides, or use finetune=")
+
+
+def _plugins() -> list:
+    plugins: list = [AtomicCheckpointIO()]
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    if SLURMEnvironment.detect():  # requeue is ours (callbacks/preemption.py), after an exact checkpoint
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
+    apply_checkpoint_model(cfg)
     validate_run_config(cfg)  # fails before any data is read, naming the key
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))  # so does a bad callback setting
+    callbacks = build_callbacks(cfg)  # so does a bad callback setting
     run_dir = run_dir_of(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     choices = hydra_choices()
+    name, group, tags = describe(cfg, choices)
+    cont = prepare(run_dir, identity.identity(cfg), identity.identity_hash(cfg), name, bool(cfg.get("retrain")),
+                   _rank_zero())
+    if cont.finished is not None:
+        r = cont.finished
+        print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
+              "not training again (retrain=true trains it again)")
+        return r
+    run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
 
-    dm = hydra.utils.instantiate(cfg.data)
+    start = identity.start_checkpoint(cfg)
+    start_ckpt = start_checkpoint_path(str(start), resume=not cfg.get("finetune")) if start else None
+    start_state = readable(start_ckpt) if start_ckpt else None
+    if start_ckpt is not None and start_state is None:
+        raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
+    tok_kwargs = {}
+    if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
+        from normlab.data.tokenizer import Tokenizer
+
+        tok_kwargs["tokenizer"] = Tokenizer.from_proto(start_state["tokenizer_proto"])
+    dm = hydra.utils.instantiate(cfg.data, **tok_kwargs)
     dm.setup("fit")
     tok = dm.tokenizer
     tok.save(run_dir / "tokenizer")
@@ -74,23 +146,47 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
                            eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto,
                            compile=cfg.model.get("compile", False))
-    name, group, tags = describe(cfg, choices)
+    if cfg.get("finetune") and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
+        load_finetune_weights(module.model, start_state, start_ckpt)
+    elif cfg.get("resume") and cont.checkpoint is None:
+        check_weights_fit(module, start_state, start_ckpt)
+    # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
+    ckpt_path = cont.checkpoint or (start_ckpt if cfg.get("resume") and not cfg.get("finetune") else None)
+    histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
+    labels = identity.labels(cfg)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     loggers = build_loggers(cfg.get("logger"), run_dir, cfg.project, name, group, tags,
-                            config=full_cfg | {"choices": choices})
+                            config=full_cfg | {"choices": choices, "labels": labels}, run_id=cont.wandb_id)
+    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
+    if full is not None:
+        full.started = t0
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
-                                                 plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
-    results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "name": name,
-                               "group": group, "seed": cfg.seed, "params": module.model.num_parameters()}
+                                                 plugins=_plugins(), default_root_dir=str(run_dir),
+                                                 **trainer_overrides(cfg))
+    restore_csv_histories(trainer.loggers, histories)
+    if ckpt_path is not None:
+        log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else "?")
+    results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "labels": labels,
+                               "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
+                               "params": module.model.num_parameters(), "planned_steps": trainer.max_steps}
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("resume"))
-        # Ctrl-C / SIGTERM make Lightning return early with trainer.interrupted set: not a result.
-        status = "interrupted" if trainer.interrupted else getattr(module, "status", "completed")
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        except StopAfterCheckpoint:  # preempted: the checkpoint is written, module.status says so
+            pass
+        status = getattr(module, "status", "completed")
+        if status == "completed" and stopped_by_time(trainer):
+            status = "stopped"
+            results["stopped_by"] = "max_time"
+            print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "
+                  f"{trainer.max_steps}; rerun the same command to continue")
         results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
         results.update(final_scores(cfg, trainer, module, dm, run_dir))
     finally:
+        if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
+            results["status"] = "interrupted"
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
-                       wall_s=round(time.time() - t0, 1))
+                       wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
             results["compile_s"] = round(module.compile_seconds, 1)
         if trainer.is_global_zero:
@@ -99,4 +195,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero:
         for line in summary_lines(results):
             log.info(line)
+    for c in callbacks:
+        if isinstance(c, Preemption):
+            c.after_run()  # on a signal: hand over to the previous handler / requeue, then exit
     return results
+

@@ -13,6 +13,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class RunCheckpoint(ModelCheckpoint):
+    def __init__(self, **kwargs):
+        # a continued run (normlab.run_folder) rewrites its own files, never best-step8-v1.ckpt beside them
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(**kwargs)
+
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")

@@ -5,6 +5,10 @@ Rules (either stops the run):
 - non-finite: the training loss or the gradient is NaN/inf. The optimizer step of that batch is
   skipped (every gradient is set to None before `optimizer.step`, so Adam leaves the weights and
   its moments untouched), so the weights stay finite.
+  With fp16 (`precision=16-mixed`) a loss scaler is at work: an inf/NaN gradient there is an
+  overflow of the scaled loss, which the scaler answers by skipping the step and lowering its
+  scale, as designed (counted as `train/overflow_steps`, not divergence). Only a non-finite loss
+  for `patience` consecutive steps is divergence then.
 - explosion: after `after_step` optimizer steps, the loss stays above `factor` × (lowest loss
   seen so far) for `patience` consecutive steps. `factor: null` disables the rule.
 
@@ -42,7 +46,13 @@ class DivergenceGuard(L.Callback):
         self.last_finite: float | None = None
         self.above = 0
         self.bad_grad = False
+        self.nonfinite = 0  # consecutive non-finite losses
+        self.overflow_steps = 0  # steps the fp16 loss scaler skipped
         self._step = 0
+
+    @staticmethod
+    def _scaler(trainer):
+        return getattr(trainer.precision_plugin, "scaler", None)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = trainer.global_step
@@ -51,6 +61,9 @@ class DivergenceGuard(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+            if self._scaler(trainer) is not None:  # an fp16 overflow: the scaler skips this step
+                self.overflow_steps += 1
+                return
             # DDP has already all-reduced the gradients: every rank takes the same decision here.
             self.bad_grad = True
             for group in optimizer.param_groups:
@@ -60,11 +73,17 @@ class DivergenceGuard(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = _loss_value(outputs)
         reason = None
+        scaler = self._scaler(trainer)
+        if scaler is not None:
+            pl_module.log("train/overflow_steps", float(self.overflow_steps), on_step=True, on_epoch=False, batch_size=1)
         if loss is None or not math.isfinite(loss):
-            reason = f"non-finite loss ({loss})"
+            self.nonfinite += 1
+            if scaler is None or self.nonfinite >= self.patience:
+                reason = f"non-finite loss ({loss})" + (f" for {self.nonfinite} steps" if scaler is not None else "")
         elif self.bad_grad:
             reason = "non-finite gradient"
         else:
+            self.nonfinite = 0
             self.last_finite = loss
             if self._step >= self.after_step and self.factor is not None:
                 self.above = self.above + 1 if loss > self.factor * self.min_loss else 0
@@ -88,9 +107,12 @@ class DivergenceGuard(L.Callback):
         pl_module.print(f"training diverged at step {self._step}: {reason}")
 
     def state_dict(self) -> dict:
-        return {"min_loss": self.min_loss, "last_finite": self.last_finite, "above": self.above}
+        return {"min_loss": self.min_loss, "last_finite": self.last_finite, "above": self.above,
+                "nonfinite": self.nonfinite, "overflow_steps": self.overflow_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.min_loss = state_dict["min_loss"]
         self.last_finite = state_dict["last_finite"]
         self.above = state_dict["above"]
+        self.nonfinite = state_dict.get("nonfinite", 0)
+        self.overflow_steps = state_dict.get("overflow_steps", 0)

@@ -28,7 +28,10 @@ class Run:
     error: str | None = None
 
     def get(self, key: str) -> Any:
-        for source in (self.choices, self.config, self.results, self.overrides):  # overrides: strings
+        # labels (norm, init, regularizer, arm) describe the resolved values that ran; the Hydra
+        # choice names only say which file they came from (runs before labels existed fall back to them)
+        labels = self.results.get("labels") or {}
+        for source in (labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
             if key in source and not isinstance(source[key], dict):
                 return source[key]
         return None
@@ -149,7 +152,8 @@ def wandb_runs(path: str, group: str | None) -> list[Run]:
         cfg = dict(r.config)
         summary = {k.replace("/", "_"): v for k, v in dict(r.summary).items() if not k.startswith("_")}
         status = summary.get("status") or ("completed" if r.state == "finished" else "failed")
-        results = {**summary, "status": status, "seed": cfg.get("seed"), "name": r.name, "group": r.group}
+        results = {**summary, "status": status, "seed": cfg.get("seed"), "name": r.name, "group": r.group,
+                   "labels": cfg.get("labels") or {}}
         run = Run(Path(f"wandb:{r.path}"), status if status in RESULT_STATUSES else "failed", results,
                   _flat(cfg, OmegaConf.create(cfg)), cfg.get("choices") or {}, {}, None)
         run.error = None if run.status != "failed" else f"W&B state {r.state}"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+import normlab.identity  # registers the resolvers conf/hydra names run folders with (nl.run_name, nl.study)
 from normlab.errors import EXIT_USER_ERROR, UserError, one_line, show_tracebacks, user_error_types
 
 log = logging.getLogger("normlab")
@@ -54,6 +55,7 @@ def task(cfg: DictConfig) -> float | None:
     from normlab.config import validate_run_config
     from normlab.failure import is_multirun_job, record_failure
 
+    normlab.identity.register_resolvers()  # a submitit worker unpickles this function without importing train.py
     try:
         validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
         from normlab.callbacks.progress import console_setup
@@ -74,9 +76,12 @@ def task(cfg: DictConfig) -> float | None:
 
 
 def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
-    """Remove a run folder holding only what Hydra wrote before the job (.hydra/, <job>.log), and
-    its parents that are left empty (up to the working directory); never a folder with a run's work."""
-    hydra_own = {".hydra", f"{job_name}.log"}
+    """Remove a run folder holding only what Hydra wrote before the job (.hydra/, <job>.log) and the
+    run's identity record (run.json, written before the data is read), and its parents that are left
+    empty (up to the working directory); never a folder with a run's work (checkpoints, results)."""
+    from normlab.run_folder import RUN_FILE
+
+    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE}
     if not run_dir.is_dir() or any(p.name not in hydra_own for p in run_dir.iterdir()):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -218,11 +218,22 @@ class BatchLoader(DataLoader):
     training loop, not drawn from the sampler (worker processes draw ahead)."""
 
     def __init__(self, dataset: PairDataset, batch_sampler: TokenBatchSampler, num_workers: int = 0):
+        # its own generator: creating an iterator (every epoch) then draws no number from torch's
+        # global RNG, which dropout uses, so a run continued from a checkpoint at an epoch's last
+        # batch draws the same dropout masks as an uninterrupted one
         super().__init__(dataset, batch_sampler=batch_sampler, collate_fn=_unwrap, num_workers=num_workers,
-                         persistent_workers=num_workers > 0)
+                         persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(batch_sampler.seed))
         self._state: dict | None = None
+        self._after_epoch: int | None = None
 
     def __iter__(self):
+        if self._after_epoch is not None:  # see load_state_dict: this iteration is the next epoch's
+            sampler, epoch_fn, next_epoch = self.batch_sampler, self.batch_sampler.epoch_fn, self._after_epoch + 1
+            sampler.epoch_fn, self._after_epoch = (lambda: next_epoch), None
+            try:
+                return self.__iter__()
+            finally:
+                sampler.epoch_fn = epoch_fn
         it = super().__iter__()  # calls iter(batch_sampler), which fixes the epoch and start
         self._state = {"epoch": self.batch_sampler.state_dict()["epoch"], "position": self.batch_sampler.start}
         return self._count(it)
@@ -236,8 +247,13 @@ class BatchLoader(DataLoader):
         return dict(self._state) if self._state is not None else self.batch_sampler.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.load_state_dict(state)
         self._state = None
+        if int(state["position"]) >= len(self.batch_sampler):
+            # Saved after the epoch's last batch: Lightning goes on with the next epoch, but it calls
+            # iter() before it advances trainer.current_epoch, which the sampler reads.
+            self._after_epoch = int(state["epoch"])
+            return
+        self.batch_sampler.load_state_dict(state)
 
 
 def batch_loader(dataset: PairDataset, max_tokens: int, shuffle: bool = False, seed: int = 1,

@@ -1,0 +1,67 @@
+"""A run's budget in optimizer steps, whatever devices, accumulation or wall clock do.
+
+- Tokens per update = data.max_tokens x devices x nodes x accumulate_grad_batches (the padded
+  token budget of one optimizer step; length bucketing keeps real target tokens near 90% of it).
+  With `optim.tokens_per_update` set (the `_paper` presets: Vaswani et al. 2017 train on ~25k
+  target tokens per update), accumulation is derived from it and the devices, so 1, 2, 4 or 8
+  GPUs train with the same batch; the run prints the product either way.
+- trainer.val_check_interval counts optimizer steps: Lightning counts batches, so it is multiplied
+  by the accumulation here (otherwise validation would run `accumulate` times as often).
+- trainer.max_time caps one invocation; a run it stops early says so (stopped_by: max_time).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig
+
+from normlab.config import ConfigError
+
+log = logging.getLogger("normlab")
+
+
+def world_size(trainer_cfg: Any) -> int:
+    devices = trainer_cfg.get("devices", 1)
+    if isinstance(devices, int) and devices > 0:
+        n = devices
+    elif isinstance(devices, (list, tuple)) or (hasattr(devices, "__len__") and not isinstance(devices, str)):
+        n = len(devices)
+    else:  # "auto" / -1: every visible accelerator
+        import torch
+
+        n = torch.cuda.device_count() if trainer_cfg.get("accelerator") in ("gpu", "cuda", "auto") else 1
+    return max(n, 1) * int(trainer_cfg.get("num_nodes") or 1)
+
+
+def trainer_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """accumulate_grad_batches (from optim.tokens_per_update) and val_check_interval in batches."""
+    t = cfg.trainer
+    world, max_tokens = world_size(t), int(cfg.data.max_tokens)
+    target = cfg.optim.get("tokens_per_update")
+    accumulate = int(t.get("accumulate_grad_batches") or 1)
+    if target:
+        if not isinstance(target, int) or target < 1:
+            raise ConfigError(f"optim.tokens_per_update={target!r} must be a positive integer (or null)")
+        accumulate = max(1, round(target / (max_tokens * world)))
+    per_update = max_tokens * world * accumulate
+    log.info("tokens per update: data.max_tokens %d x %d device(s) x accumulation %d = %d%s", max_tokens, world,
+             accumulate, per_update, f" (optim.tokens_per_update={target})" if target else "")
+    if target and not 0.8 <= per_update / target <= 1.25:
+        log.warning("tokens per update %d is far from optim.tokens_per_update=%d: set data.max_tokens to about %d",
+                    per_update, target, max(1, target // world))
+    out: dict[str, Any] = {"accumulate_grad_batches": accumulate}
+    interval = t.get("val_check_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool):
+        if interval < 1:
+            raise ConfigError(f"trainer.val_check_interval={interval!r} must be >= 1 optimizer steps (or a fraction of an epoch)")
+        out["val_check_interval"] = interval * accumulate
+    return out
+
+
+def stopped_by_time(trainer) -> bool:
+    from lightning.pytorch.callbacks import Timer
+
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    planned = trainer.max_steps
+    return timer is not None and (timer.time_remaining() or 0.0) <= 0 and (planned < 0 or trainer.global_step < planned)

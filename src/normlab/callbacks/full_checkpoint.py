@@ -1,0 +1,184 @@
+"""Full-state checkpoints every N optimizer steps, so a killed run continues exactly.
+
+`checkpoints/full-step<N>.ckpt` (the newest `keep` of them) hold everything the next step depends
+on: Lightning's own state (weights, optimizer, LR schedule, loop counters, the train loader's
+epoch and position from TokenBatchSampler, callback states: divergence guard, DropHead, the best
+and step checkpoints' bookkeeping, the fp16 loss scaler) and, added here, every RNG of every rank
+(torch, CUDA, numpy, Python; LayerDrop's generator counter is a buffer of the model) and the run's
+counters (target tokens, training seconds, wall seconds), so throughput and wall time in
+results.json cover the whole run, not the last leg.
+
+When it is saved matters for exactness:
+- after an optimizer step (never between the micro-batches of gradient accumulation);
+- at a step where validation is due, after validation and after the best / last checkpoints have
+  been updated (a checkpoint written before it would make Lightning skip that validation on
+  resume, and the best checkpoint could differ);
+- once more when training ends, so a run killed during its final test does not train again.
+On a preemption request the run stops at the start of the next batch (StopAfterCheckpoint).
+Loggers are flushed with each save, so the CSV history up to the checkpoint is on disk.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Checkpoint
+
+from normlab.config import ConfigError
+
+log = logging.getLogger("normlab")
+PREFIX = "full-step"
+
+
+class StopAfterCheckpoint(Exception):
+    """Raised at the start of the batch after a requested checkpoint (preemption): training ends
+    there, with everything up to the checkpoint logged exactly as an uninterrupted run logs it
+    (Lightning's `should_stop` would log one extra row at the stop)."""
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors and plain numbers (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _gather(obj: Any, world_size: int) -> list:
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        out: list = [None] * world_size
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def full_checkpoints(ckdir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the full-state checkpoints in a folder, newest first."""
+    found = []
+    for p in Path(ckdir).glob(f"{PREFIX}*.ckpt"):
+        digits = p.stem[len(PREFIX):]
+        if digits.isdigit():
+            found.append((int(digits), p))
+    return sorted(found, reverse=True)
+
+
+class FullStateCheckpoint(Checkpoint):
+    def __init__(self, every_n_steps: int = 200, keep: int = 2):
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ConfigError(f"callbacks.full_checkpoint.every_n_steps={every_n_steps!r} must be a positive integer")
+        if not isinstance(keep, int) or keep < 1:
+            raise ConfigError(f"callbacks.full_checkpoint.keep={keep!r} must be a positive integer")
+        self.every, self.keep = every_n_steps, keep
+        self.dirpath: Path | None = None  # <run dir>/checkpoints (the Trainer's default_root_dir), at setup
+        self.started = time.time()  # train.run sets its own start, so wall time includes data loading
+        self.wall_before = 0.0  # wall seconds of the earlier legs of this run (from the checkpoint)
+        self.stop_after_save = False  # set by the preemption callback: save at the next safe point, stop
+        self._pending = False  # a save deferred to the end of this step's validation
+        self._stop = False  # saved for a stop: end at the next batch
+        self._last_step = -1
+        self._rng_to_restore: dict | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+
+    def wall_s(self) -> float:
+        return self.wall_before + time.time() - self.started
+
+    # ---- when --------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if step == self._last_step or trainer.fit_loop._should_accumulate():
+            return  # no optimizer step since the last save, or mid-accumulation
+        if not (self._pending or self.stop_after_save or step % self.every == 0):
+            return
+        if self._validation_due(trainer):
+            self._pending = True  # after validation (on_validation_end)
+        else:
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        if self._pending and not trainer.sanity_checking:
+            self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        if trainer.global_step != self._last_step and trainer.global_step > 0:
+            self._save(trainer)
+
+    @staticmethod
+    def _validation_due(trainer: L.Trainer) -> bool:
+        loop = trainer.fit_loop.epoch_loop
+        if not trainer.enable_validation or trainer.limit_val_batches == 0:
+            return False
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+    def _save(self, trainer: L.Trainer) -> None:
+        self._pending = False
+        step = trainer.global_step
+        path = self.dirpath / f"{PREFIX}{step}.ckpt"
+        for logger in trainer.loggers:  # the history up to this step is on disk with its state
+            logger.save()
+        trainer.save_checkpoint(str(path))
+        self._last_step = step
+        if trainer.is_global_zero:
+            for _, old in full_checkpoints(self.dirpath)[self.keep:]:
+                old.unlink(missing_ok=True)
+        self._stop = self.stop_after_save
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if self._stop:
+            raise StopAfterCheckpoint(f"stopped after {PREFIX}{self._last_step}.ckpt")
+
+    # ---- what --------------------------------------------------------------------------------
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint["normlab"] = {
+            "rng": _gather(rng_state(), trainer.world_size),  # one entry per rank
+            "train_tokens": pl_module._train_tokens, "train_seconds": pl_module._train_seconds,
+            "wall_s": self.wall_s(),
+        }
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        # trainer.max_time caps each invocation: the time of earlier legs does not count against it
+        for key in [k for k in checkpoint.get("callbacks", {}) if str(k).startswith("Timer")]:
+            del checkpoint["callbacks"][key]
+        state = checkpoint.get("normlab")
+        if state is None:  # a checkpoint written before full-state checkpoints existed
+            log.warning("the checkpoint has no RNG state: the continuation will not be exact")
+            return
+        pl_module._train_tokens, pl_module._train_seconds = state["train_tokens"], state["train_seconds"]
+        self.wall_before = state["wall_s"]
+        ranks = state["rng"]
+        self._rng_to_restore = ranks[trainer.global_rank] if trainer.global_rank < len(ranks) else ranks[0]
+        self._last_step = int(checkpoint.get("global_step", -1))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # RNG last, right before the first batch: nothing between here and training_step draws.
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+
+    def state_dict(self) -> dict:
+        return {"every_n_steps": self.every}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass

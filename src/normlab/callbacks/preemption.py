@@ -1,0 +1,116 @@
+"""SIGTERM / SIGUSR1 -> a full checkpoint at the next step boundary, then stop (and requeue on SLURM).
+
+SLURM sends SIGUSR1 before a job's time limit (`--signal=USR1@120`, what submitit's
+`signal_delay_s` sets) and SIGTERM when it preempts or cancels a job. The handler only records the
+signal: the checkpoint is written by FullStateCheckpoint after the current optimizer step (after
+validation if one is due), never from inside the handler, where the step would be half done and
+the continuation could not be exact. Then training stops, train.run writes results.json with
+status "preempted" and calls `after_run()`:
+- if a handler was installed before ours (submitit's, which resubmits the job), it gets the signal;
+- else on SLURM, SIGUSR1 requeues the job (`scontrol requeue`, as Lightning's SLURMEnvironment
+  does); SIGTERM does not (SLURM requeues preempted jobs itself when the partition says so);
+- then the process exits with 128 + signal (a sweep does not go on to its next job).
+The requeued job runs the same command, so it lands in the same run folder and continues there.
+Under DDP the ranks agree every `sync_every_n_steps` steps (one tiny all-reduce) on whether any of
+them was signalled, so they all save and stop at the same step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+from typing import Any
+
+import lightning as L
+import torch
+
+from normlab.callbacks.full_checkpoint import FullStateCheckpoint
+from normlab.config import ConfigError
+
+log = logging.getLogger("normlab")
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
+
+
+def slurm_job_id() -> str | None:
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
+    return job if job and re.fullmatch(r"[0-9_]+", job) else None
+
+
+class Preemption(L.Callback):
+    def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGUSR1"), requeue: bool = True,
+                 sync_every_n_steps: int = 10):
+        unknown = [s for s in signals if s not in SIGNALS]
+        if unknown:
+            raise ConfigError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
+        self.signals = [SIGNALS[s] for s in signals]
+        self.requeue, self.sync_every = requeue, max(int(sync_every_n_steps), 1)
+        self.received: int | None = None
+        self._replaced: dict[int, Any] = {}  # the handlers ours replace during training (Lightning's)
+        self._before: dict[int, Any] = {}  # the handlers from before Lightning (e.g. submitit's)
+        self._installed = False
+
+    # ---- the handler: record only ------------------------------------------------------------
+    def _handler(self, signum: int, frame) -> None:
+        log.info("received %s: checkpoint at the end of this step, then stop", signal.Signals(signum).name)
+        self.received = signum
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # after Lightning's own handlers (registered just before), which ours replace during training
+        if threading.current_thread() is not threading.main_thread():
+            return
+        original = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", {}) or {}
+        for s in self.signals:
+            self._replaced[s] = signal.signal(s, self._handler)
+            self._before[s] = original.get(s, self._replaced[s])
+        self._installed = True
+
+    def _uninstall(self) -> None:
+        if self._installed:
+            for s, h in self._replaced.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        self._uninstall()
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        self._uninstall()
+
+    # ---- the decision, at a step boundary (before FullStateCheckpoint looks at it) -------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.world_size > 1:
+            if trainer.global_step % self.sync_every != 0:
+                return
+            flag = torch.tensor([float(self.received or 0)], device=pl_module.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.received = int(flag.item()) or None
+        if self.received is None:
+            return
+        pl_module.status = "preempted"
+        full = next((c for c in trainer.callbacks if isinstance(c, FullStateCheckpoint)), None)
+        if full is None:  # nothing to save with: stop at once
+            trainer.should_stop = True
+            trainer.limit_val_batches = 0
+        else:
+            full.stop_after_save = True
+
+    # ---- after train.run has written results.json ------------------------------------------------
+    def after_run(self) -> None:
+        if self.received is None:
+            return
+        signum = self.received
+        previous = self._before.get(signum)
+        if callable(previous):  # e.g. submitit's handler: it resubmits the job and exits
+            previous(signum, None)
+        elif self.requeue and signum == signal.SIGUSR1 and (job := slurm_job_id()) is not None \
+                and int(os.environ.get("SLURM_PROCID", "0")) == 0:
+            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+            if result.returncode == 0:
+                log.info("requeued SLURM job %s: it continues in the same run folder", job)
+            else:
+                log.warning("scontrol requeue %s failed: %s", job, (result.stderr or result.stdout).strip())
+        raise SystemExit(128 + signum)

@@ -1,0 +1,286 @@
+"""What a run is, from the resolved values that ran: its identity, name, labels and W&B tags.
+
+Hydra's choice names say which file a value came from, not what ran: `norm=prenorm
+norm.placement=post` is a post-norm run. So everything a user or the report reads about a run is
+computed here from resolved values:
+
+- identity(cfg): the resolved config minus the keys in NOT_IDENTITY (where and how a run is
+  executed or logged, never what it learns or how it is scored). Two configs with the same identity
+  are the same run: rerunning continues it in the same folder.
+- run_name(cfg): a readable part built from labels (norm, init, regularizer, depths, seed), or the
+  `name` you give, plus 8 hex digits of the identity's hash, so two different configs never share a
+  name (and so never a folder).
+- labels(cfg): the report's row values and the W&B tags for norm / init / regularizer / arm.
+- study_id(): a sweep's folder and W&B group, `<study>-<hash of the sweep's definition>`.
+
+The resolvers registered at the bottom (`nl.run_name`, `nl.run_dir`, `nl.study`) let conf/hydra
+name the run folder from the identity before the run starts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# Keys that do not change what a run learns or how it is scored. Everything else is identity
+# (model, norm, regularizer, init, optim, data, seed, budget, precision, devices x accumulation,
+# evaluation), so a key added later is identity unless it is listed here.
+NOT_IDENTITY = (
+    "name", "group", "tags", "project", "run_dir", "retrain",  # labels and the folder itself
+    "logger", "loggers",  # where metrics go
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
+    "trainer.accelerator", "trainer.strategy",  # where the same computation runs
+    "trainer.max_time",  # a cap on one invocation: a rerun continues the run
+    "data.cache_dir", "data.num_workers", "model.compile",  # torch.compile: how the same model runs
+    "callbacks.train_log", "callbacks.progress_bar",  # what the console shows
+    "callbacks.diagnostics",  # extra logging (eval mode, own generator: no effect on training)
+    "callbacks.full_checkpoint", "callbacks.preemption",  # when state is saved, not what is trained
+)
+HASH_LEN = 8
+NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
+
+
+def _plain(cfg: Any, with_checkpoint: bool = True) -> dict:
+    """The resolved task config as plain data, without Hydra's own node, with the model settings of
+    the `resume` / `finetune` checkpoint in place of the config's (see checkpoint_model)."""
+    if not OmegaConf.is_config(cfg):
+        return dict(cfg)
+    out = {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
+           else cfg[k] for k in cfg if k != "hydra"}
+    for key, value in (checkpoint_model(cfg) if with_checkpoint else {}).items():
+        _set(out, key, value)
+    return out
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    tree[leaf] = value
+
+
+def typed_overrides(cfg: Any) -> list[str]:
+    """The overrides given on the command line (or by a sweep) for this job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if OmegaConf.is_config(cfg) and OmegaConf.select(cfg, "hydra.overrides.task") is not None:
+        return list(cfg.hydra.overrides.task)
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def start_checkpoint(cfg: Any) -> str | None:
+    return cfg.get("finetune") or cfg.get("resume")
+
+
+def checkpoint_model(cfg: Any) -> dict[str, Any]:
+    """{dotted key: value} of the model settings (model.*, norm.*, regularizer.*, init.name,
+    data.vocab_size) stored in the `finetune` or `resume` checkpoint, so a run started from a
+    checkpoint is built, named and tagged as the model it continues, without repeating overrides.
+    A key (or its group) set on the command line keeps its value."""
+    path = start_checkpoint(cfg)
+    if not path:
+        return {}
+    from normlab.run_folder import checkpoint_model_config
+
+    model = checkpoint_model_config(str(path), resume=not cfg.get("finetune"))
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in typed_overrides(cfg)}
+    out = {}
+    for key, value in model.items():
+        if key not in typed and key.split(".", 1)[0] not in typed:
+            out[key] = value
+    return out
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.get(p) if isinstance(tree, dict) else None
+        if not isinstance(tree, dict):
+            return
+    tree.pop(leaf, None)
+
+
+def identity(cfg: Any) -> dict:
+    out = _plain(cfg)
+    for key in NOT_IDENTITY:
+        _drop(out, key)
+    return out
+
+
+def identity_hash(cfg: Any) -> str:
+    text = json.dumps(identity(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_LEN]
+
+
+def _num(x: Any) -> str:
+    return f"{float(x):g}"
+
+
+def norm_label(norm: Any) -> str:
+    """pre_ln, post_ln, pre_scalenorm_fixnorm, pre_dyt, deepnorm, rezero, subln_rmsnorm, ... (the arm
+    names of conf/arm/): placement and type; a scheme's own placement name stands alone with
+    LayerNorm (or no norm, ReZero's)."""
+    placement, t = norm.get("placement", "post"), norm.get("type", "layernorm")
+    plain = placement not in ("pre", "post") and t in ("layernorm", "none")
+    return (placement if plain else f"{placement}_{NORM_SHORT.get(t, t)}") + ("_fixnorm" if norm.get("fixnorm") else "")
+
+
+def init_label(init: Any) -> str:
+    init = init or {}
+    name = init.get("name", "xavier")
+    admin = (init.get("admin") or {}) if name == "admin" else {}
+    extras = [admin[k] for k, default in (("mode", "profile"), ("convention", "paper")) if admin.get(k, default) != default]
+    return "_".join([name, *extras])
+
+
+def aggregation_label(model: Any) -> str:
+    """none, dlcl, dlcl_encoder, dlcl_decoder (Wang et al. 2019's layer aggregation)."""
+    agg, stacks = model.get("layer_aggregation") or "none", model.get("layer_aggregation_stacks") or "both"
+    return agg if agg == "none" or stacks == "both" else f"{agg}_{stacks}"
+
+
+def regularizer_label(reg: Any, drophead_schedule: str | None = None) -> str:
+    reg = reg or {}
+    enc, dec, dh = (float(reg.get(k) or 0.0) for k in ("encoder_layerdrop", "decoder_layerdrop", "drophead"))
+    parts = []
+    if enc or dec:
+        rates = _num(enc) if enc == dec else f"{_num(enc)}-{_num(dec)}"
+        parts.append(f"layerdrop{rates}" + ("_learned" if reg.get("layerdrop_rates") == "learned" else ""))
+    if dh:
+        parts.append(f"drophead{_num(dh)}" + ("_v" if drophead_schedule == "v_shape" else ""))
+    return "+".join(parts) or "none"
+
+
+def labels(cfg: Any) -> dict[str, str]:
+    """Row values for the report and W&B tags, from resolved values."""
+    c = _plain(cfg)
+    norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
+    agg = aggregation_label(c.get("model") or {})
+    # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et
+    # al. 2020 call "Admin"; DLCL arms are dlcl_pre / dlcl_post (conf/arm/).
+    arm = norm if init == "xavier" else (init if norm == "post_ln" else f"{norm}+{init}")
+    if agg != "none":
+        arm = f"{agg}_{arm.removesuffix('_ln')}"
+    schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
+    return {"norm": norm, "init": init, "aggregation": agg,
+            "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm}
+
+
+def run_name(cfg: Any) -> str:
+    """`<name or labels>-<identity hash>`: readable, and never shared by two different configs."""
+    c = _plain(cfg)
+    given = c.get("name")
+    if given:
+        readable = str(given)
+    else:
+        lab, m = labels(c), c.get("model") or {}
+        agg = "" if lab["aggregation"] == "none" else f"-{lab['aggregation']}"
+        readable = (f"{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
+                    f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
+    return f"{_safe(readable)}-{identity_hash(c)}"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+=,-]+", "_", text).strip("_") or "run"
+
+
+PATH_HINTS = ("_src", "_tgt", "dir", "path", "file", "resume", "finetune")
+
+
+def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
+    """W&B tags: the labels, placement / norm type / FixNorm, depths, seed, the preset choices, and
+    `key:value` (resolved) for every key set on the command line or by a sweep, paths excepted."""
+    c = _plain(cfg)
+    lab, n, m = labels(c), c.get("norm") or {}, c.get("model") or {}
+    out = [f"{k}:{v}" for k, v in lab.items()]
+    out += [f"placement:{n.get('placement')}", f"norm_type:{n.get('type')}", f"fixnorm:{bool(n.get('fixnorm'))}",
+            f"enc:{m.get('encoder_layers')}", f"dec:{m.get('decoder_layers')}", f"seed:{c.get('seed')}"]
+    out += [f"{g}:{choices[g]}" for g in ("data", "model", "experiment", "sweep") if choices.get(g)]
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if "/" in key or key in choices or key.startswith("hydra") or any(h in key for h in PATH_HINTS):
+            continue  # a group choice (its labels are above), Hydra's own settings, or a path
+        value = OmegaConf.select(cfg, key, default=None) if OmegaConf.is_config(cfg) else None
+        out.append(f"{key}:{value}")
+    out += [str(t) for t in c.get("tags") or []]
+    return list(dict.fromkeys(t[:64] for t in out))  # W&B: at most 64 characters a tag; no duplicates
+
+
+# ---------------------------------------------------------------- Hydra resolvers
+
+_SWEEP: dict[str, DictConfig] = {}
+
+
+def study_id() -> str:
+    """`<sweep or experiment name>-<hash>` for the multirun being launched: the hash covers the
+    command line's identity overrides and the sweeper's parameters, so rerunning the same sweep
+    lands in the same folder (and continues its runs) while any other sweep gets its own."""
+    cfg = _SWEEP.get("config")
+    if cfg is None:
+        raise ValueError("multirun/${nl.study:} needs hydra.callbacks.sweep_folder (conf/hydra/default.yaml)")
+    hc = cfg.hydra
+    choices = hc.runtime.choices
+    study = choices.get("sweep") or choices.get("experiment") or "multirun"
+    params = hc.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+    text = json.dumps({"overrides": _sweep_axes(list(hc.overrides.task)), "params": params}, sort_keys=True,
+                      default=str)
+    return f"{_safe(str(study))}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+
+
+class SweepFolder:
+    """Hydra callback: hands the sweep's own config to `nl.study` before the launcher names the
+    sweep folder. Hydra's cache then copies the value into every job's config (also into submitit
+    workers), where the job's overrides alone could not reproduce it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SWEEP["config"] = config
+
+    def __getattr__(self, name: str):  # Hydra calls the other on_* hooks too: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+def _sweep_axes(overrides: list[str]) -> dict[str, list[str]]:
+    """{key: sorted values} of the identity overrides: `b=2,1 a=x` and `a=x b=1,2` are one sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    axes = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        bare = key.lstrip("+~")
+        if bare.startswith("hydra") or any(bare == k or bare.startswith(k + ".") for k in NOT_IDENTITY):
+            continue
+        axes[key] = sorted(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+    return axes
+
+
+def _folder_name(root: DictConfig) -> str:
+    try:
+        return run_name(root)
+    except Exception:  # e.g. an unreadable resume= checkpoint: train.run reports it in one line
+        return run_name(_plain(root, with_checkpoint=False))
+
+
+def _resolve_run_name(*, _root_: DictConfig) -> str:
+    return _folder_name(_root_)
+
+
+def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
+    given = _root_.get("run_dir")
+    return str(given) if given else f"{parent}/{_folder_name(_root_)}"
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("nl.run_name"):
+        OmegaConf.register_new_resolver("nl.run_name", _resolve_run_name)
+        OmegaConf.register_new_resolver("nl.run_dir", _resolve_run_dir)
+        # cached: computed once on the sweep's own config, copied by Hydra into every job's config
+        OmegaConf.register_new_resolver("nl.study", study_id, use_cache=True)
+
+
+register_resolvers()

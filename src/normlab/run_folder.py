@@ -1,0 +1,222 @@
+"""A run's folder: where it is, whose it is, whether the run is finished and where it continues from.
+
+`run.json` records the run's identity (identity.py): its hash, the resolved identity values, the
+name and the W&B run id. Rerunning a command finds the folder from the identity (conf/hydra) and:
+- a finished run (results.json status completed or diverged) is not trained again: one line says
+  so (`retrain=true` trains it again from step 0, as a new W&B run);
+- an unfinished one continues from its newest readable full-state checkpoint (an unreadable one,
+  e.g. truncated by a kill during the write, is skipped; temp files of interrupted writes are
+  removed), in the same W&B run, with the CSV history cut at the checkpoint's step so the curve
+  continues without duplicates;
+- a folder holding another identity (an explicit run_dir reused for a different config) is an
+  error that names the keys that differ.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from normlab.checkpoint import write_json
+from normlab.config import ConfigError
+
+log = logging.getLogger("normlab")
+RUN_FILE = "run.json"
+FINISHED = ("completed", "diverged", "stalled")  # results (report_runs.RESULT_STATUSES): not trained again
+CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
+                 "arm", "sweep")
+PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true
+
+
+def hydra_choices() -> dict[str, str | None]:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {k: choices.get(k) for k in CHOICE_GROUPS if k in choices}
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    from normlab.identity import run_name
+
+    return Path("outputs") / run_name(cfg)
+
+
+def readable(path: Path) -> dict | None:
+    """The checkpoint if it loads (weights only, memory-mapped), else None."""
+    from normlab.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        return load_checkpoint(path, mmap=True)
+    except CheckpointError as e:  # truncated, empty, not a checkpoint, unsafe
+        log.warning("skipping unreadable checkpoint %s: %s", path, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
+
+
+def start_checkpoint_path(path: str, resume: bool) -> Path:
+    """The checkpoint a `resume=` / `finetune=` value names: a file, or a run folder's newest full
+    checkpoint (resume) or its best checkpoint, else last.ckpt (finetune)."""
+    from normlab.callbacks.full_checkpoint import full_checkpoints
+    from normlab.checkpoint import resolve_checkpoint
+
+    key = "resume" if resume else "finetune"
+    p = Path(path)
+    if p.is_dir() and resume:
+        ckdir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        for _, cand in full_checkpoints(ckdir):
+            if readable(cand) is not None:
+                return cand
+    try:
+        return resolve_checkpoint(p)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{key}={path}: {e}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_summary(path: str, mtime: float) -> tuple[dict, bool]:
+    from normlab.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path, mmap=True)  # unreadable or unsafe: CheckpointError, one line naming the file
+    if "model_config" not in ckpt:
+        raise ConfigError(f"{path}: not a normlab checkpoint (no model_config)")
+    return dict(ckpt["model_config"]), "optimizer_states" in ckpt and "loops" in ckpt
+
+
+def checkpoint_model_config(path: str, resume: bool) -> dict[str, Any]:
+    """The model settings of a checkpoint as Hydra keys (model.*, norm.*, regularizer.*, init.name,
+    data.vocab_size). resume=True also requires a full-state checkpoint."""
+    ck = start_checkpoint_path(path, resume)
+    model, full = _checkpoint_summary(str(ck.resolve()), ck.stat().st_mtime)
+    if resume and not full:
+        raise ConfigError(f"resume={path}: {ck.name} holds weights only (no optimizer state); "
+                          f"finetune={path} starts from its weights with a fresh optimizer")
+    out: dict[str, Any] = {}
+    for key, value in model.items():
+        if key in ("norm", "regularizer"):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key == "init":
+            out["init.name"] = value
+        elif key == "vocab_size":
+            out["data.vocab_size"] = value
+        elif key not in ("pad_id", "bos_id", "eos_id"):
+            out[f"model.{key}"] = value
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+@dataclass
+class Continuation:
+    run_dir: Path
+    record: dict  # run.json
+    finished: dict | None = None  # results.json of a finished run
+    checkpoint: Path | None = None  # the newest readable full-state checkpoint
+    step: int = 0  # its global step
+
+    @property
+    def wandb_id(self) -> str:
+        return self.record["wandb_id"]
+
+
+def prepare(run_dir: Path, ident: dict, ident_hash: str, name: str, retrain: bool, rank_zero: bool = True) -> Continuation:
+    from normlab.callbacks.full_checkpoint import full_checkpoints
+
+    record = _read_json(run_dir / RUN_FILE)
+    if record and record.get("identity_hash") != ident_hash and not retrain:
+        old, new = _flat(record.get("identity") or {}), _flat(ident)
+        differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in differ[:4]) + (" ..." if len(differ) > 4 else "")
+        raise ConfigError(f"run_dir={run_dir}: holds another run ({record.get('name')}), which differs in {shown}; "
+                          "choose another run_dir or name, or pass retrain=true to replace it")
+    results = _read_json(run_dir / "results.json")
+    attempt = int(record.get("attempt", 0)) if record.get("identity_hash") == ident_hash else 0
+    if retrain:
+        if rank_zero:
+            for item in PRODUCTS:
+                p = run_dir / item
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        attempt, results = attempt + 1 if record else 0, {}
+    out = Continuation(run_dir, record)
+    if results.get("status") in FINISHED:
+        out.finished = results
+        return out
+    ckdir = run_dir / "checkpoints"
+    if rank_zero:
+        for tmp in ckdir.glob(".*.tmp"):  # an atomic write killed before its rename
+            tmp.unlink(missing_ok=True)
+    for step, path in full_checkpoints(ckdir):
+        if readable(path) is not None:
+            out.checkpoint, out.step = path, step
+            break
+    key = f"{ident_hash}:{run_dir.resolve()}:{attempt}"
+    out.record = {"identity_hash": ident_hash, "name": name, "attempt": attempt, "identity": ident,
+                  "wandb_id": record.get("wandb_id") if attempt == record.get("attempt", 0) and record.get("wandb_id")
+                  and record.get("identity_hash") == ident_hash else hashlib.sha256(key.encode()).hexdigest()[:16],
+                  "created": record.get("created") or time.strftime("%Y-%m-%d %H:%M:%S")}
+    if rank_zero:
+        write_json(run_dir / RUN_FILE, out.record)
+    return out
+
+
+# ---------------------------------------------------------------- one continuous CSV history
+
+def csv_histories(run_dir: Path, step: int) -> dict[Path, tuple[list[str], list[dict]]]:
+    """The rows of every metrics.csv in the run folder logged before `step` (the continuation's
+    first step), with their header. Read before the loggers start: Lightning's CSV logger deletes
+    an existing metrics.csv when it opens its folder."""
+    out = {}
+    for path in run_dir.rglob("metrics.csv"):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) < step]
+            out[path.resolve()] = (list(reader.fieldnames or []), rows)
+    return out
+
+
+def restore_csv_histories(loggers: list, histories: dict) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    for logger in loggers:
+        if not isinstance(logger, CSVLogger):
+            continue
+        writer = logger.experiment  # opening it deletes the old file (a stand-in on ranks other than 0)
+        path = getattr(writer, "metrics_file_path", None)
+        if not isinstance(path, str) or Path(path).resolve() not in histories:
+            continue
+        path = Path(path).resolve()
+        header, rows = histories[path]
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            w.writerows(rows)
+        writer.metrics_keys = sorted(header)  # new keys are merged into this header, not replace it

@@ -1,0 +1,46 @@
+"""Multi-node launch configs compose, and a tiny job runs through submitit (the code path SLURM
+array jobs take, in local subprocesses); rerunning the same multirun finds the finished run."""
+import json
+import os
+import subprocess
+import sys
+
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, ROOT, tiny_overrides
+
+
+def test_slurm_launcher_config_follows_the_trainer():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8",
+                                                       "trainer.num_nodes=2", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == (2, 8, 8)  # one task per GPU
+    assert launcher.signal_delay_s > 0 and launcher.max_num_timeout > 0 and launcher.partition == "gpu"
+
+
+def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
+    args = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
+            if not o.startswith("++run_dir")] + [
+        "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.test=false", "callbacks.step_checkpoints.keep_last_n=0",
+        "seed=5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def train(*extra):
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *args, *extra], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+    p = train("hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10")
+    assert p.returncode == 0, p.stderr[-3000:]
+    [sweep] = (tmp_path / "multirun").iterdir()
+    assert sweep.name.startswith("multirun-")  # <study>-<id of the sweep's definition>
+    [job] = [d for d in sweep.iterdir() if (d / "results.json").is_file()]
+    results = json.loads((job / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 2 and results["group"] == sweep.name
+    assert job.name == results["name"] and list(sweep.glob(".submitit/*/*_log.out"))  # ran as a submitit job
+    # the same multirun again (another launcher is not another sweep): nothing is retrained
+    p = train()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "already completed" in p.stdout
+    assert [d.name for d in (tmp_path / "multirun").iterdir()] == [sweep.name]

@@ -1,0 +1,186 @@
+"""A run survives any kill: rerunning the same command continues it exactly (bitwise-equal final
+weights on CPU), a signal writes a checkpoint and requeues, a finished run is not trained again,
+`resume=` / `finetune=` take the model from the checkpoint, a wall-clock cap says it stopped.
+
+The killed legs run as subprocesses of train.py (a real SIGKILL / SIGUSR1 / SIGTERM); the reruns
+and the uninterrupted reference run in this process with the same thread count (1), so the
+floating-point reductions are the same and the weights must be equal bit for bit."""
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.callbacks.full_checkpoint import full_checkpoints
+from normlab.train import run
+
+from conftest import ROOT, compose_cfg, tiny_overrides
+
+STEPS = 24
+# dropout, LayerDrop and DropHead draw random numbers every step; validation at 8, 16, 24 picks the
+# best checkpoint; full-state checkpoints every 5 steps, so kills land before, on and after them
+EXTRA = ["regularizer=layerdrop_drophead", "model.dropout=0.1", f"trainer.max_steps={STEPS}",
+         "trainer.val_check_interval=8", "callbacks.full_checkpoint.every_n_steps=5", "eval.test=false",
+         "eval.decoder.max_len_b=5", "callbacks.step_checkpoints.every_n_steps=4", "callbacks.step_checkpoints.keep_last_n=3",
+         "trainer.log_every_n_steps=2"]  # a stop off this schedule must not add a row to the history
+# train.py with training_step patched to send its own process a signal at a given step (a file,
+# not `python -c`: Lightning's DDP launcher starts the other ranks with the same command line)
+RUNNER = """
+import os, runpy
+from normlab.lit_module import Seq2SeqModule
+step, sig = int(os.environ["AT_STEP"]), int(os.environ["SEND_SIGNAL"])
+orig = Seq2SeqModule.training_step
+def training_step(self, batch, batch_idx):
+    if self.global_step == step:
+        os.kill(os.getpid(), sig)
+    return orig(self, batch, batch_idx)
+Seq2SeqModule.training_step = training_step
+runpy.run_path(os.environ["TRAIN_PY"], run_name="__main__")
+"""
+
+
+def overrides(corpus, run_dir, cache, *more):
+    return tiny_overrides(corpus, run_dir, cache) + EXTRA + list(more)
+
+
+def train_subprocess(args, env=None, at_step=None, sig=None, wait=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAIN_PY": str(ROOT / "train.py"), **(env or {})}
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    if at_step is not None:
+        runner = Path(tempfile.mkdtemp()) / "signal_at_step.py"
+        runner.write_text(RUNNER)
+        env.update(AT_STEP=str(at_step), SEND_SIGNAL=str(int(sig)))
+        cmd = [sys.executable, str(runner), *args]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def final_state(run_dir) -> dict:
+    return torch.load(full_checkpoints(run_dir / "checkpoints")[0][1], map_location="cpu", weights_only=True)
+
+
+def assert_same_run(a_dir, b_dir, note):
+    a, b = final_state(a_dir), final_state(b_dir)
+    assert a["global_step"] == b["global_step"] == STEPS, note
+    differ = [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
+    assert not differ, f"{note}: weights differ in {differ[:3]}"
+
+    def history(d):  # one continuous curve: every step once, the same values (timings aside)
+        return [{k: v for k, v in r.items() if k != "train/tokens_per_s"}
+                for r in csv.DictReader(open(d / "csv" / "metrics.csv"))]
+    assert history(a_dir) == history(b_dir), note
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (a_dir, b_dir))
+    assert (ra["valid_loss"], ra["valid_bleu"], ra["steps"]) == (rb["valid_loss"], rb["valid_bleu"], rb["steps"]), note
+    assert [p.name for p in sorted((b_dir / "checkpoints").glob("step*.ckpt"))] == \
+           [p.name for p in sorted((a_dir / "checkpoints").glob("step*.ckpt"))], note  # the averaging set
+    assert not list((b_dir / "checkpoints").glob("*-v1.ckpt")), note
+
+
+@pytest.fixture(scope="module")
+def reference(small_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("survive")
+    ref = root / "reference"
+    results = run(compose_cfg(overrides(small_corpus, ref, root / "cache")))
+    assert results["status"] == "completed" and results["steps"] == STEPS
+    return root, ref
+
+
+def test_kill_9_then_rerun_continues_exactly(reference, small_corpus, capsys):
+    root, ref = reference
+    step = random.Random().randrange(1, STEPS)  # a random step; shown in every failure message
+    run_dir = root / f"killed-at-{step}"
+    args = overrides(small_corpus, run_dir, root / "cache")
+    p = train_subprocess(args, at_step=step, sig=signal.SIGKILL)
+    assert p.returncode == -signal.SIGKILL, f"step {step}: {p.stderr[-2000:]}"
+    assert not (run_dir / "results.json").exists()
+    saved = full_checkpoints(run_dir / "checkpoints")
+    assert all(s <= step for s, _ in saved), f"step {step}: {saved}"
+    if len(saved) > 1:  # break the newest: the rerun must fall back to the one before it
+        data = saved[0][1].read_bytes()
+        saved[0][1].write_bytes(data[: len(data) // 3])
+    results = run(compose_cfg(args))  # the same command again
+    assert results["status"] == "completed"
+    assert_same_run(ref, run_dir, f"killed at step {step}, checkpoints {[s for s, _ in saved]}")
+    assert results["wall_s"] > 0 and results["train_tokens_per_s"] > 0
+    # rerunning a finished run does not train it again
+    capsys.readouterr()
+    again = run(compose_cfg(args))
+    assert again["steps"] == STEPS and "already completed" in capsys.readouterr().out
+
+
+def test_sigusr1_checkpoints_requeues_on_slurm_and_the_requeued_job_continues(reference, small_corpus, tmp_path):
+    root, ref = reference
+    run_dir = root / "preempted"
+    args = overrides(small_corpus, run_dir, root / "cache")
+    bin_dir = tmp_path / "bin"  # a stand-in for SLURM's scontrol that records its arguments
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    p = train_subprocess(args, env=env, at_step=10, sig=signal.SIGUSR1)
+    assert p.returncode == 128 + signal.SIGUSR1, p.stderr[-2000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "preempted" and results["steps"] == 11  # the step in flight finished
+    assert full_checkpoints(run_dir / "checkpoints")[0][0] == 11
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    results = run(compose_cfg(args))  # what the requeued job does: the same command
+    assert results["status"] == "completed"
+    assert_same_run(ref, run_dir, "SIGUSR1 at step 10")
+
+
+def test_sigterm_writes_a_checkpoint_and_stops(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    args = overrides(small_corpus, run_dir, tmp_path / "cache", "eval.valid_bleu=false")
+    p = train_subprocess(args, at_step=2, sig=signal.SIGTERM)  # Lightning's own SIGTERM handler is replaced
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr[-2000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "preempted" and results["steps"] == 3
+    assert full_checkpoints(run_dir / "checkpoints")[0][0] == 3
+
+
+def test_resume_takes_the_model_from_the_checkpoint(reference, small_corpus, tmp_path):
+    root, ref = reference
+    # no model overrides: the defaults (d_model 128, 3+3 layers) would not fit the checkpoint
+    plain = [o for o in tiny_overrides(small_corpus, tmp_path / "run", root / "cache") if not o.startswith("model.")]
+    results = run(compose_cfg(plain + EXTRA + [f"resume={ref}", f"trainer.max_steps={STEPS + 4}"]))
+    assert results["status"] == "completed" and results["steps"] == STEPS + 4
+    assert results["params"] == json.loads((ref / "results.json").read_text())["params"]
+    model = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]["model"]
+    assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (32, 2, 2)
+    assert results["labels"]["regularizer"] == "layerdrop0.2+drophead0.2_v"
+
+
+def test_finetune_a_pruned_layerdrop_model_with_a_fresh_optimizer(reference, small_corpus, tmp_path):
+    from normlab.checkpoint import load_model, save_model
+    from normlab.regularizers.pruning import prune
+
+    root, ref = reference
+    model, tok = load_model(full_checkpoints(ref / "checkpoints")[0][1])
+    pruned = save_model(tmp_path / "pruned.ckpt", prune(model, [1], [0]), tok.proto)
+    plain = [o for o in tiny_overrides(small_corpus, tmp_path / "run", root / "cache") if not o.startswith("model.")]
+    results = run(compose_cfg(plain + ["eval.test=false", "trainer.max_steps=3", f"finetune={pruned}",
+                                       "trainer.log_every_n_steps=1"]))
+    assert results["status"] == "completed" and results["steps"] == 3  # counters from 0
+    model = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]["model"]
+    assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (32, 1, 1)
+    def lr_at_step_1(d):
+        return next(r["train/lr"] for r in csv.DictReader(open(d / "csv" / "metrics.csv")) if r["step"] == "1" and r.get("train/lr"))
+    assert lr_at_step_1(tmp_path / "run") == lr_at_step_1(ref)  # the warmup from its start
+
+
+def test_a_wall_clock_cap_says_it_stopped_the_run(small_corpus, tmp_path, capsys):
+    args = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
+        "trainer.max_steps=100000", "trainer.max_time=00:00:00:02", "trainer.val_check_interval=100000",
+        "eval.test=false", "eval.valid_bleu=false"]
+    results = run(compose_cfg(args))
+    assert results["status"] == "stopped" and results["stopped_by"] == "max_time"
+    assert 0 < results["steps"] < results["planned_steps"] == 100000
+    assert "stopped by trainer.max_time" in capsys.readouterr().out
