@@ -1,5 +1,6 @@
 """A tiny end-to-end run: train a few steps, checkpoint, reload without Hydra, score again."""
 import json
+import time
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ from conftest import compose_cfg, tiny_overrides
 def finished_run(small_corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     cfg = compose_cfg(tiny_overrides(small_corpus, run_dir, run_dir.parent / "cache"))
+    t0 = time.time()
     results = run(cfg)
-    return run_dir, results, cfg
+    return run_dir, results | {"measured_wall_s": time.time() - t0}, cfg
 
 
 def test_results_json(finished_run):
@@ -28,6 +30,9 @@ def test_results_json(finished_run):
         assert isinstance(saved[key], (int, float)), key
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert saved["params"] == results["params"] > 0
+    # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
+    # once the best checkpoint's wall time plus the whole run's)
+    assert 0 < saved["wall_s"] <= results["measured_wall_s"] + 0.1
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert (run_dir / "tokenizer" / "spm.model").is_file()
     assert len((run_dir / "test.hyp").read_text().splitlines()) == 40
@@ -53,3 +58,15 @@ def test_loss_decreases(finished_run):
     rows = list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert len(losses) >= 2 and losses[-1] < losses[0]
+
+
+def test_no_bar_in_a_redirected_log(small_corpus, tmp_path, capfd):
+    # stdout is not a terminal under pytest: our bar declines, and Lightning must not add its own
+    # (it printed "Epoch 0/-2 ━━━" bars into train.log and SLURM logs)
+    over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+    cfg = compose_cfg([o for o in over if "enable_progress_bar" not in o] + [
+        "trainer.enable_progress_bar=true", "trainer.max_steps=2", "eval.test=false"])
+    assert cfg.trainer.enable_progress_bar is True
+    assert run(cfg)["status"] == "completed"
+    out, err = capfd.readouterr()
+    assert "━" not in out + err and "Epoch 0" not in out + err

@@ -15,6 +15,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
@@ -160,9 +161,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started = t0
+    # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
+    # own, which prints "Epoch 0/-2" bars into redirected logs.
+    bar = any(isinstance(c, ProgressBar) for c in callbacks)
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
                                                  plugins=_plugins(), default_root_dir=str(run_dir),
-                                                 **trainer_overrides(cfg))
+                                                 enable_progress_bar=bar, **trainer_overrides(cfg))
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else "?")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -158,6 +159,8 @@ class FullStateCheckpoint(Checkpoint):
         }
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # the final validate/test of a checkpoint: its weights only,
+            return  # not its counters (they would replace this run's tokens, seconds and wall time)
         # trainer.max_time caps each invocation: the time of earlier legs does not count against it
         for key in [k for k in checkpoint.get("callbacks", {}) if str(k).startswith("Timer")]:
             del checkpoint["callbacks"][key]
