@@ -37,15 +37,23 @@ BUNDLED = ROOT / "data" / "bible_de_en"
 
 
 class FirstStepProbe(L.Callback):
-    """Writes {rank, time, peak RSS} to <out>.rank<r>.json after the first optimizer step."""
+    """Writes {rank, time, peak RSS} to <out>.rank<r>.json after the first optimizer step, with the
+    peak RSS just before it (data, model and loader built: what the corpus size can change) and the
+    first batch's shape (the step's own peak follows the shape of whichever batch comes first)."""
 
     def __init__(self, out: str):
-        self.out, self.done = out, False
+        self.out, self.done, self.before, self.shape = out, False, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.before is None:
+            self.before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            self.shape = [list(batch["src"].shape), list(batch["tgt_in"].shape)]
 
     def on_train_batch_end(self, trainer, *args) -> None:
         if not self.done:
             self.done = True
-            rec = {"rank": trainer.global_rank, "time": time.time(),
+            rec = {"rank": trainer.global_rank, "time": time.time(), "peak_rss_mb_before": self.before,
+                   "first_batch": self.shape,
                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **rss_parts()}
             Path(f"{self.out}.rank{trainer.global_rank}.json").write_text(json.dumps(rec))
 
@@ -104,7 +112,7 @@ def spm_seconds(corpus: Path, pairs: int, sample: int) -> float:
 def first_step(folder: Path, devices: int, probe: Path) -> dict:
     overrides = [f"data=preprocessed", f"data.path={folder}", "trainer.max_steps=1", "logger=none",
                  "eval.test=false", "eval.valid_bleu=false", "trainer.limit_val_batches=0",
-                 "trainer.enable_progress_bar=false", f"hydra.run.dir={probe.parent / 'run'}",
+                 "trainer.enable_progress_bar=false", f"hydra.run.dir={probe.parent / ('run-' + probe.name)}", "retrain=true",
                  "+callbacks.bench_probe._target_=data_pipeline.FirstStepProbe", f"+callbacks.bench_probe.out={probe}"]
     if devices > 1:
         overrides += ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={devices}", "trainer.precision=32-true"]
@@ -119,7 +127,9 @@ def first_step(folder: Path, devices: int, probe: Path) -> dict:
     ranks = [json.loads(Path(f"{probe}.rank{r}.json").read_text()) for r in range(devices)]
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
     return {"devices": devices, "seconds_to_first_step": round(max(r["time"] for r in ranks) - t0, 2),
+            "peak_rss_mb_before_first_step": round(max(r["peak_rss_mb_before"] for r in ranks), 1),
             "peak_rss_mb_at_first_step": round(max(r["peak_rss_mb"] for r in ranks), 1),
+            "first_batch_src_tgt": ranks[0]["first_batch"],
             "rss_anon_mb_at_first_step": max(r.get("rssanon_mb", 0) for r in ranks),
             "rss_file_mb_at_first_step": max(r.get("rssfile_mb", 0) for r in ranks),
             "peak_rss_mb_whole_run": round(int(peak.group(1)) / 1024, 1) if peak else None,
@@ -149,7 +159,7 @@ def model_rate(folder: Path, steps: int) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_throughput import Ours
+    from peers import SETTINGS, Normlab, Shape
 
     from normlab.data.datamodule import TranslationDataModule
 
@@ -157,7 +167,7 @@ def model_rate(folder: Path, steps: int) -> dict:
     dm.setup("fit")
     it = iter(dm.train_dataloader())
     batches = [next(it) for _ in range(steps + 1)]
-    ours = Ours(dm.tokenizer.vocab_size)
+    ours = Normlab(Shape(vocab=dm.tokenizer.vocab_size), SETTINGS["none"])
     opt = torch.optim.Adam(ours.model.parameters(), lr=1e-4)
     for i, b in enumerate(batches):
         if i == 1:  # the first step warms up
@@ -173,15 +183,18 @@ def model_rate(folder: Path, steps: int) -> dict:
 
 def table(results: dict) -> str:
     rows = ["| train pairs | preprocess pairs/s | bytes/pair on disk | spm s (sample) | devices | s to 1st step "
-            "| peak RSS MB at 1st step (anon + file) | peak RSS MB whole run | loader batches/s | loader / model |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| peak RSS MB before 1st step | peak RSS MB after it (anon + file) [1st batch] | peak RSS MB whole run "
+            "| loader batches/s | loader / model |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     model = results["reference_model"]["batches_per_s"]
     for r in results["sizes"]:
         for t in r["train"]:
             rows.append(f"| {r['pairs']:,} | {r['preprocess_pairs_per_s']:,.0f} | {r['bytes_per_pair']:.1f} | "
                         f"{r['spm_seconds']:.1f} | {t['devices']} | {t['seconds_to_first_step']:.1f} | "
+                        f"{t['peak_rss_mb_before_first_step']:.0f} | "
                         f"{t['peak_rss_mb_at_first_step']:.0f} ({t['rss_anon_mb_at_first_step']:.0f} + "
-                        f"{t['rss_file_mb_at_first_step']:.0f}) | {t['peak_rss_mb_whole_run'] or float('nan'):.0f} | "
+                        f"{t['rss_file_mb_at_first_step']:.0f}) [{'x'.join(map(str, t['first_batch_src_tgt'][1]))}] | "
+                        f"{t['peak_rss_mb_whole_run'] or float('nan'):.0f} | "
                         f"{r['loader']['batches_per_s']:,.0f} | {r['loader']['batches_per_s'] / model:,.0f}x |")
     return "\n".join(rows)
 

@@ -233,3 +233,23 @@ def test_a_state_saved_after_the_epochs_last_batch_resumes_with_the_next_epoch()
     resumed.load_state_dict({"epoch": 0, "position": len(resumed.batch_sampler)})
     assert [b["idx"].tolist() for b in resumed] == second_epoch
     assert resumed.state_dict()["epoch"] == 1
+
+
+def test_what_a_run_keeps_per_training_pair_is_a_few_bytes():
+    # Memory must not grow much with the corpus: per pair, the dataset keeps its row (int32) and two
+    # sizes (uint16), the sampler its place in the length order (int32): 12 bytes, 48 MB at 4M pairs.
+    n = 50_000
+    lengths = np.random.default_rng(0).integers(1, 60, n)
+    side = TokenArray(np.zeros(int(lengths.sum()), np.uint16), np.concatenate([[0], np.cumsum(lengths)]),
+                      lengths.astype(np.uint16))
+    ds = PairDataset(side, side)
+    sampler = TokenBatchSampler(ds.src_sizes, ds.tgt_sizes, 2048, seed=3)
+    kept = ds.rows.nbytes + ds.src_sizes.nbytes + ds.tgt_sizes.nbytes + sampler.order.nbytes
+    assert kept / n == 12
+    # the int32 order is the same permutation the int64 one was (the bundled-corpus fingerprints in
+    # test_data_equivalence.py pin the batches themselves)
+    order64 = length_order(ds.src_sizes.astype(np.int64), ds.tgt_sizes.astype(np.int64),
+                           torch.randperm(n, generator=torch.Generator().manual_seed(0)).numpy())
+    order32 = length_order(ds.src_sizes, ds.tgt_sizes,
+                           torch.randperm(n, generator=torch.Generator().manual_seed(0), dtype=torch.int32).numpy())
+    assert np.array_equal(order64, order32)

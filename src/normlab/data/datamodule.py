@@ -18,6 +18,7 @@ import lightning as L
 import numpy as np
 
 from normlab.config import ConfigError
+from normlab.data.arrays import release_freed_memory
 from normlab.data.batching import BatchLoader, PairDataset, batch_loader
 from normlab.data.folder import DataFolder, cached_folder
 from normlab.data.preprocess import SpmSettings
@@ -56,7 +57,7 @@ def resolve_path(path: str | os.PathLike) -> Path:
 
 def fits(lengths: np.ndarray, max_positions: int) -> np.ndarray:
     # +1: collate appends EOS to the source and prepends BOS to the target input.
-    return lengths.astype(np.int32) + 1 <= max_positions
+    return lengths < max_positions  # no int copy of a length array per side
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -142,9 +143,11 @@ class TranslationDataModule(L.LightningDataModule):
             src, tgt = folder.arrays(split)
             stats = dict(folder.manifest["splits"][split])
             if split == "train":
-                keep = np.flatnonzero(fits(src.lengths, self.max_positions) & fits(tgt.lengths, self.max_positions))
-                stats["dropped_long"] = len(src) - len(keep)
-                if not len(keep):
+                fit = fits(src.lengths, self.max_positions) & fits(tgt.lengths, self.max_positions)
+                keep = None if fit.all() else np.flatnonzero(fit).astype(np.int32)  # None: every pair
+                del fit
+                stats["dropped_long"] = 0 if keep is None else len(src) - len(keep)
+                if keep is not None and not len(keep):
                     shortest = int(np.maximum(src.lengths, tgt.lengths).min()) + 1
                     raise ConfigError(f"model.max_positions={self.max_positions} drops every one of the {len(src)} "
                                       f"training pairs of {self.name} (the shortest needs {shortest} positions)")
@@ -164,6 +167,7 @@ class TranslationDataModule(L.LightningDataModule):
                 self.datasets[split] = PairDataset(src, tgt, limit=limit)
                 self._text[split] = (folder.text(split, "src"), folder.text(split, "tgt"))
             self.stats[split] = stats
+        release_freed_memory()  # the length filter's and sizes' temporaries
         log.info("%s: %s", self.name, self.stats)
 
     # -- raw text of the held-out splits, index-aligned with batch["idx"] -----------------------
@@ -201,9 +205,11 @@ class TranslationDataModule(L.LightningDataModule):
             self.setup()
         num_replicas, rank = self._replicas()
         train = split == "train"
-        return batch_loader(self.datasets[split], self.max_tokens if train else self.eval_max_tokens,
-                            shuffle=train and self.shuffle, seed=self.seed, num_replicas=num_replicas, rank=rank,
-                            epoch_fn=self._epoch if train else None, num_workers=self.num_workers)
+        loader = batch_loader(self.datasets[split], self.max_tokens if train else self.eval_max_tokens,
+                              shuffle=train and self.shuffle, seed=self.seed, num_replicas=num_replicas, rank=rank,
+                              epoch_fn=self._epoch if train else None, num_workers=self.num_workers)
+        release_freed_memory()  # the batch order's temporaries
+        return loader
 
     def train_dataloader(self) -> BatchLoader:
         return self.dataloader("train")
