@@ -1,6 +1,6 @@
 """Ablation table from sweep folders: cells = mean ± std over seeds of one metric.
 
-    python -m normlab.commands.report multirun/<date>/<time> --rows arm --cols model.encoder_layers
+    python -m normlab.commands.report multirun/deep_stack-<id> --rows arm --cols model.encoder_layers
     python -m normlab.commands.report DIR1 DIR2 --rows norm,norm.placement --cols optim.warmup --metric test_bleu_avg
     python -m normlab.commands.report DIR --rows callbacks.drophead_schedule.schedule --cols regularizer.drophead --expect-seeds 3
 
