@@ -1,6 +1,7 @@
 """The report command on hand-written run folders: every cell of the table, by value."""
 import csv
 import json
+import shutil
 import os
 import time
 from pathlib import Path
@@ -136,3 +137,15 @@ def test_command_writes_outputs_and_refuses_to_overwrite(sweep, tmp_path, capsys
         report.main(argv)
     assert report.main(argv + ["--force", "--metric", "valid_loss", "--no-plots"]) == 0
     assert "n/a" in (out / "report.md").read_text()  # completed runs without valid_loss
+
+
+def test_no_metric_vs_column_plot_from_one_column_value(sweep, tmp_path):
+    out = tmp_path / "one"
+    argv = [str(sweep), "--rows", "arm", "--cols", "model.encoder_layers", "--out", str(out)]
+    for run in sweep.glob("*/"):  # keep the depth-6 runs only: one column value
+        cfg = run / ".hydra" / "config.yaml"
+        if cfg.is_file() and "encoder_layers: 2" in cfg.read_text():
+            shutil.rmtree(run)
+    assert report.main(argv) == 0
+    assert (out / "report.csv").is_file() and not (out / "test_bleu_vs_model_encoder_layers.png").exists()
+    assert "test_bleu_vs_" not in (out / "report.md").read_text()  # nor a link to one

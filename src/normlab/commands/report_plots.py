@@ -81,8 +81,11 @@ def _numeric(values: list[tuple]) -> bool:
 
 
 def metric_vs_column(path: Path, table: dict) -> bool:
-    """The metric against a single numeric column key (e.g. depth), one line per row, ± std bars."""
+    """The metric against a single numeric column key (e.g. depth), one line per row, ± std bars;
+    none for a single column value (one point per row says nothing the table does not)."""
     if len(table["cols"]) != 1 or table["cols"][0] == "seed" or not _numeric(table["col_values"]):
+        return False
+    if len(table["col_values"]) < 2:
         return False
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
