@@ -294,6 +294,11 @@ def test_cli_writes_a_folder_train_can_use_and_errors_are_one_line(small_corpus,
          f"error: line counts differ: {d / 'train.de'} has 600 lines, {d / 'valid.en'} has 40"),
         ([*base, "--out", tmp_path / "x", "--spm-model", d / "train.de"],
          f"error: {d / 'train.de'}: not a sentencepiece model"),
+        # argparse's own errors: one line too, not its usage block
+        (base, f"error: {cli.PROG}: the following arguments are required: --out/--destdir (see {cli.PROG} --help)"),
+        ([*base, "--out", tmp_path / "x", "--vocab-size", "abc"],
+         f"error: {cli.PROG}: argument --vocab-size: invalid int value: 'abc'"),
+        (["--train", d / "train.de"], f"error: {cli.PROG}: argument --train: expected 2 arguments"),
     ]
     for args, message in cases:
         rc, err = run_cli(*args)

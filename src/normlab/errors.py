@@ -6,6 +6,7 @@ NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) to see the traceback of a user error
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -20,6 +21,13 @@ class UserError(Exception):
         if allowed:
             msg += f" (allowed: {allowed if isinstance(allowed, str) else ', '.join(map(str, allowed))})"
         super().__init__(msg)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag like every other user error: one line, exit status 2."""
+
+    def error(self, message: str):
+        raise UserError(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

@@ -8,18 +8,11 @@ from pathlib import Path
 import torch
 
 from normlab.checkpoint import CheckpointError, load_model, resolve_checkpoint
-from normlab.errors import UserError, report, show_tracebacks, user_error_types
+from normlab.errors import CommandParser, UserError, report, show_tracebacks, user_error_types  # noqa: F401 (re-export)
 
 
 class CommandError(UserError):
     """A user error: printed as `error: ...` with exit code 2, no traceback."""
-
-
-class CommandParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag like every other user error: one line, exit status 2."""
-
-    def error(self, message: str):
-        raise CommandError(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def add_decoder_args(ap: argparse.ArgumentParser) -> None:

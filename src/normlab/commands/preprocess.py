@@ -25,6 +25,7 @@ from pathlib import Path
 # No torch here, not even through normlab.commands.common: the encoding processes are spawned and
 # import this module again (as __mp_main__), and the command should start in a fraction of a second.
 from normlab.data.corpus import CorpusError
+from normlab.errors import CommandParser, UserError
 from normlab.data.preprocess import SPLITS, SpmSettings, preprocess
 
 PROG = "python -m normlab.commands.preprocess"
@@ -57,8 +58,8 @@ def _positive(flag: str, value: int, minimum: int = 1) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     g = ap.add_argument_group("inputs")
     for split in SPLITS:
         g.add_argument(f"--{split}", nargs=2, metavar=("SRC", "TGT"), help=f"{split} source and target files")
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="encoding processes (default: the cores, at most 8)")
     ap.add_argument("--force", action="store_true", help="replace an existing folder")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except UserError as e:  # a bad flag: one line, as every command
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         return run(args, sys.argv[1:] if argv is None else argv)
     except (UsageError, CorpusError) as e:
