@@ -70,3 +70,11 @@ def test_no_bar_in_a_redirected_log(small_corpus, tmp_path, capfd):
     assert run(cfg)["status"] == "completed"
     out, err = capfd.readouterr()
     assert "━" not in out + err and "Epoch 0" not in out + err
+
+
+def test_summary_line_names_the_planned_steps_only_when_there_is_a_step_limit():
+    from normlab.final_test import summary_lines
+
+    base = {"run_dir": "r", "status": "completed", "steps": 517}
+    assert "steps 517 of 2000" in summary_lines({**base, "planned_steps": 2000})[0]
+    assert "of" not in summary_lines({**base, "planned_steps": None})[0]  # an epoch-based run: no "of -1"

@@ -97,7 +97,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         v = results.get(key)
         return f"{label} {v:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    steps = f", steps {results['steps']} of {results['planned_steps']}" if "planned_steps" in results else ""
+    steps = f", steps {results['steps']} of {results['planned_steps']}" if results.get("planned_steps") else ""
     lines = [f"run folder: {results.get('run_dir')}  (status: {results.get('status')}{steps})"]
     for title, parts in (("test", [fmt("BLEU", "test_bleu"), fmt("chrF", "test_chrf"),
                                    fmt("greedy BLEU", "test_bleu_greedy"), fmt("averaged BLEU", "test_bleu_avg")]),

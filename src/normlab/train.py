@@ -172,7 +172,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else "?")
     results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "labels": labels,
                                "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
-                               "params": module.model.num_parameters(), "planned_steps": trainer.max_steps}
+                               "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
     try:
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
