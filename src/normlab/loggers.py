@@ -50,12 +50,12 @@ def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group
 
 
 def wandb_summary(results: dict) -> dict:
-    """results.json's scalars under their own keys, and the logged series that have a results.json
-    counterpart (valid/bleu <-> valid_bleu, test/bleu_avg <-> test_bleu_avg) set to its value: the
-    scored checkpoint's, as W&B's docs do for a best value. So the summary equals results.json."""
+    """results.json's scalars, each under one key: a score under the key of its logged series
+    (valid_bleu -> valid/bleu, test_bleu_avg -> test/bleu_avg), set to results.json's value (the
+    scored checkpoint's, as W&B's docs do for a best value); everything else under its own key.
+    `report --wandb` maps the `/` back, so the summary reads as results.json."""
     scalars = {k: v for k, v in results.items() if isinstance(v, (str, int, float, bool)) or v is None}
-    series = {k.replace("_", "/", 1): v for k, v in scalars.items() if k.split("_", 1)[0] in ("valid", "test")}
-    return scalars | series
+    return {k.replace("_", "/", 1) if k.split("_", 1)[0] in ("valid", "test") else k: v for k, v in scalars.items()}
 
 
 def finish_loggers(loggers: list, results: dict | None = None) -> None:
