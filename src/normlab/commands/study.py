@@ -1,0 +1,122 @@
+"""Run a study in one command: its sweep (continuing an interrupted one, skipping finished runs), its
+report, and the verdicts of its claims, written to experiments/<name>/.
+
+    normlab-study twt_lowres                   # python -m normlab.commands.study twt_lowres
+    normlab-study twt_lowres --jobs 2          # two runs at a time, the cores split between them
+    normlab-study twt_lowres study.budget=smoke   # the machinery in seconds (a test, not a result)
+    normlab-study twt_lowres --report-only     # judge and write the README from the records alone
+    normlab-study --list                       # the studies (conf/study/*.yaml)
+
+A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/<name>/runs/ (not
+in the repository); records of finished runs to experiments/<name>/runs/ (small, committed), and a
+record whose run identity matches counts as done, so a study continues on another machine from its
+committed records. SIGTERM or Ctrl-C stops every running job at a checkpoint; the same command
+continues. Another budget (smoke) writes to studies/<name>-<budget>/ and never to experiments/.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from normlab.errors import CommandParser, UserError, report, show_tracebacks, user_error_types
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = CommandParser(prog="normlab-study", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", nargs="?", help="the study (conf/study/<name>.yaml)")
+    ap.add_argument("settings", nargs="*", help="study.budget=smoke (or --budget)")
+    ap.add_argument("--budget", default=None, help="full (default) or smoke, or a budget of the study file")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time; the CPU cores are split between them")
+    ap.add_argument("--out", default=None, help="records, README, plots (default: experiments/<name>)")
+    ap.add_argument("--runs", default=None, help="run folders (default: studies/<name>/runs)")
+    ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README")
+    ap.add_argument("--list", action="store_true", help="list the studies")
+    args = ap.parse_args(argv)
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if key not in ("study.budget", "budget") or not sep:
+            raise UserError(item, "not a study setting", ["study.budget=<full|smoke>"])
+        args.budget = value
+    args.budget = args.budget or "full"
+    if args.jobs < 1:
+        raise UserError("--jobs", f"{args.jobs} must be >= 1")
+    if not args.list and not args.name:
+        raise UserError("normlab-study", "name a study (normlab-study --list shows them)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from normlab.study.claims import judge, read_refs
+    from normlab.study.readme import update_index, write_study
+    from normlab.study.records import load_records
+    from normlab.study.runner import Sweep, plan
+    from normlab.study.spec import available, load_study
+
+    args = parse(argv)
+    if args.list:
+        for name in available():
+            print(f"{name}: {load_study(name).title}")
+        return 0
+    study = load_study(args.name, args.budget)
+    base = Path("studies") / (study.name if study.budget == "full" else f"{study.name}-{study.budget}")
+    out = Path(args.out) if args.out else (Path("experiments") / study.name if study.budget == "full"
+                                           else base / "experiment")
+    runs = Path(args.runs) if args.runs else base / "runs"
+    command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
+                                                                               if study.budget != "full" else [])])
+    jobs = plan(study, runs, out)  # every arm composed and validated before anything runs
+    _keep_references(jobs, out)
+    failed = 0
+    if not args.report_only:
+        sweep = Sweep(study, jobs, runs, parallel=args.jobs)
+        code = sweep.run()
+        if code:
+            return code
+        failed = len(sweep.failed)
+    by_arm = load_records(out)
+    verdicts = judge(study, by_arm, read_refs(out / "test.ref.gz"))
+    readme = write_study(study, by_arm, verdicts, out, command)
+    if study.budget == "full" and not args.out:
+        update_index(Path("experiments") / "README.md")
+    print(f"{readme}:")
+    for v in verdicts:
+        print(f"  {v.verdict:>12}  {v.claim.id}")
+    if failed:
+        print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _keep_references(jobs, out: Path) -> None:
+    """The test references the runs are scored against (the bootstrap's), beside the records."""
+    from normlab.study.runner import compose
+
+    dst = out / "test.ref.gz"
+    if dst.is_file() or not jobs:
+        return
+    src = compose(jobs[0].overrides).data.get("test_tgt")
+    if not src or not Path(src).is_file():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if str(src).endswith(".gz") else open
+    with opener(src, "rb") as f, gzip.GzipFile(dst, "wb", mtime=0) as g:
+        shutil.copyfileobj(f, g)
+
+
+def cli() -> None:
+    try:
+        code = main()
+    except user_error_types() as e:
+        if show_tracebacks():
+            raise
+        code = report(e)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    cli()

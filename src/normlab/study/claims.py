@@ -1,0 +1,155 @@
+"""Judge a study's claims from its records: a verdict and its uncertainty, never written by hand.
+
+- compare (A better than B on a metric): `held` when the 95% interval of mean(A - B) over paired
+  seeds excludes zero in the paper's direction, `contradicted` when it excludes zero the other way,
+  `inconclusive` otherwise; `not run` when an arm has no scored seed (diverged, stalled, failed or
+  not yet run: shown with the statuses).
+- fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
+  diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
+- trains (A trains where the paper says it does): the reverse of fails.
+A best_of side stands for the candidate arm with the best mean validation metric (never the test
+metric the claim judges), chosen before the comparison.
+"""
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from normlab.study.records import Record
+from normlab.study.spec import Claim, Study, lower_is_better
+from normlab.study.stats import Interval, corpus_bleu, paired_bootstrap, paired_t, sentence_stats
+
+SCORED = ("completed",)
+FAILED_TO_TRAIN = ("diverged", "stalled")
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    verdict: str                      # held | contradicted | inconclusive | not run
+    better: str                       # the arms that stood for each side (a best_of group: the pick)
+    than: str | None
+    interval: Interval | None = None
+    means: dict = field(default_factory=dict)     # arm -> mean metric over its scored seeds
+    statuses: dict = field(default_factory=dict)  # arm -> {status: count}
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        iv = self.interval
+        return {"id": self.claim.id, "claim": self.claim.claim, "source": self.claim.source, "paper": self.claim.paper,
+                "kind": self.claim.kind, "metric": self.claim.metric, "verdict": self.verdict, "better": self.better,
+                "than": self.than, "means": self.means, "statuses": self.statuses, "note": self.note,
+                "difference": None if iv is None else {"mean": iv.diff, "low": iv.low, "high": iv.high,
+                                                       "method": iv.method, "paired_seeds": iv.n}}
+
+
+def statuses(records: list[Record]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in records:
+        out[r.status] = out.get(r.status, 0) + 1
+    return out
+
+
+def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str, str]:
+    """(arm, note): the arm itself, or the best_of group's candidate with the best validation mean."""
+    if side not in study.best_of:
+        return side, ""
+    group = study.best_of[side]
+    by = group["by"]
+    best, best_value = None, None
+    for arm in group["arms"]:
+        values = [r.metric(by) for r in by_arm.get(arm, []) if r.status in SCORED and r.metric(by) is not None]
+        if not values:
+            continue
+        v = float(np.mean(values)) * (-1 if lower_is_better(by) else 1)
+        if best_value is None or v > best_value:
+            best, best_value = arm, v
+    if best is None:
+        return group["arms"][0], f"{side}: no candidate scored"
+    return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by})"
+
+
+def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None) -> list[Verdict]:
+    return [judge_one(study, c, by_arm, refs) for c in study.claims]
+
+
+def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs: list[str] | None) -> Verdict:
+    a, note_a = pick(study, claim.better, by_arm)
+    if claim.kind in ("fails", "trains"):
+        recs = by_arm.get(a, [])
+        st = statuses(recs)
+        failed = sum(st.get(s, 0) for s in FAILED_TO_TRAIN)
+        done = st.get("completed", 0)
+        v = Verdict(claim, "not run", a, None, statuses={a: st}, note=note_a)
+        if failed + done == 0:
+            return v
+        says_fails = claim.kind == "fails"
+        if failed and not done:
+            v.verdict = "held" if says_fails else "contradicted"
+        elif done and not failed:
+            v.verdict = "contradicted" if says_fails else "held"
+        else:
+            v.verdict = "inconclusive"
+        v.means = {a: _mean([r.metric(claim.metric) for r in recs if r.status in SCORED])}
+        return v
+    b, note_b = pick(study, claim.than, by_arm)
+    A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(claim.metric) is not None}
+    B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and r.metric(claim.metric) is not None}
+    v = Verdict(claim, "not run", a, b, statuses={a: statuses(by_arm.get(a, [])), b: statuses(by_arm.get(b, []))},
+                means={a: _mean([r.metric(claim.metric) for r in A.values()]),
+                       b: _mean([r.metric(claim.metric) for r in B.values()])},
+                note="; ".join(n for n in (note_a, note_b) if n))
+    seeds = sorted(set(A) & set(B))
+    if not seeds:
+        return v
+    iv = None
+    if claim.interval == "bootstrap" and claim.metric in ("test_bleu",):
+        iv = _bootstrap([A[s] for s in seeds], [B[s] for s in seeds], refs)
+        if iv is None:
+            v.note = "; ".join(filter(None, [v.note, "no test hypotheses, or references that do not reproduce test_bleu, for the bootstrap: t interval"]))
+    if iv is None:
+        iv = paired_t([A[s].metric(claim.metric) for s in seeds], [B[s].metric(claim.metric) for s in seeds])
+    v.interval = iv
+    sign = -1.0 if lower_is_better(claim.metric) else 1.0  # the paper's direction: A better than B
+    if iv.low is None:
+        v.verdict = "inconclusive"
+    elif sign * iv.low > 0 and sign * iv.high > 0:
+        v.verdict = "held"
+    elif sign * iv.low < 0 and sign * iv.high < 0:
+        v.verdict = "contradicted"
+    else:
+        v.verdict = "inconclusive"
+    return v
+
+
+def _mean(values: list) -> float | None:
+    values = [x for x in values if x is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _bootstrap(a: list[Record], b: list[Record], refs: list[str] | None) -> Interval | None:
+    if refs is None:
+        return None
+    stats_a, stats_b = [], []
+    for side, out in ((a, stats_a), (b, stats_b)):
+        for r in side:
+            hyps = r.hypotheses()
+            if hyps is None or len(hyps) != len(refs):
+                return None
+            stats = sentence_stats(hyps, refs)
+            # the references must be the ones the run was scored against: its own corpus BLEU again
+            if abs(float(corpus_bleu(stats.sum(0))) - float(r.metric("test_bleu") or -1)) > 0.01:
+                return None
+            out.append(stats)
+    return paired_bootstrap(stats_a, stats_b)
+
+
+def read_refs(path: Path | None) -> list[str] | None:
+    if path is None or not Path(path).is_file():
+        return None
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]

@@ -1,0 +1,74 @@
+"""A study's records: one folder per (arm, seed) under <out>/runs/, written by the runner, read by
+the claims and the report (results.json, test.hyp.gz, metrics.csv, prune.json)."""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Record:
+    path: Path
+    arm: str
+    seed: int
+    results: dict
+
+    @property
+    def status(self) -> str:
+        return str(self.results.get("status") or "failed")
+
+    def metric(self, name: str) -> float | None:
+        """A results.json score, or a pruned model's: prune.<strategy>.r<kept>.<column>."""
+        if name.startswith("prune."):
+            return self.prune_metric(name)
+        v = self.results.get(name)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    def prune_metric(self, name: str) -> float | None:
+        _, strategy, kept, column = name.split(".", 3)
+        path = self.path / "prune.json"
+        if not path.is_file():
+            return None
+        rows = json.loads(path.read_text()).get("rows") or []
+        for row in rows:
+            if row.get("strategy") == strategy and f"r{row.get('kept')}" == kept:
+                v = row.get(column)
+                return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+        return None
+
+    def hypotheses(self) -> list[str] | None:
+        path = self.path / "test.hyp.gz"
+        if not path.is_file():
+            return None
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read().split("\n")[:-1]
+
+    def curve(self, column: str) -> list[tuple[int, float]]:
+        """(step, value) of a logged series (metrics.csv: valid/loss for valid_loss)."""
+        path = self.path / "metrics.csv"
+        key = column.replace("_", "/", 1)
+        if not path.is_file():
+            return []
+        out = []
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get(key) not in (None, ""):
+                    out.append((int(row["step"]), float(row[key])))
+        return out
+
+
+def load_records(out: Path) -> dict[str, list[Record]]:
+    """{arm: [records sorted by seed]}."""
+    by_arm: dict[str, list[Record]] = {}
+    for res_path in sorted((out / "runs").glob("*/results.json")):
+        res = json.loads(res_path.read_text())
+        info = res.get("study") or {}
+        rec = Record(res_path.parent, str(info.get("arm")), int(info.get("seed", res.get("seed") or 0)), res)
+        by_arm.setdefault(rec.arm, []).append(rec)
+    for recs in by_arm.values():
+        recs.sort(key=lambda r: r.seed)
+    return by_arm

@@ -1,0 +1,253 @@
+"""Run a study's sweep: every (arm, seed) as one `normlab-train` process, then its post-steps (the
+prune command), then a compact record of the run in the study's folder.
+
+Where things go (the study command sets them):
+- run folders: <runs>/<run name> (checkpoints, logs; not in the repository). A run's name is its
+  identity (identity.run_name), so rerunning the study finds an unfinished run and continues it
+  exactly (train.py's continuation), and a finished one is not trained again.
+- records: <out>/runs/<arm>-s<seed>/ (results.json, test.hyp.gz, metrics.csv, prune.json): what the
+  report and the claims read, small enough to commit. A record whose identity hash matches the
+  run the study would launch counts as done, so a study continues across machines from its
+  committed records.
+SIGTERM / SIGINT: every running job gets SIGTERM (each writes a full checkpoint and stops,
+`status: preempted`); the study exits 143 / 130 and the same command continues it.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from normlab.errors import UserError
+from normlab.study.spec import Arm, Study
+
+FINISHED = ("completed", "diverged", "stalled")
+
+
+@dataclass
+class Job:
+    arm: Arm
+    seed: int
+    overrides: list[str]
+    run_name: str
+    identity_hash: str
+    run_dir: Path
+    record: Path
+
+    @property
+    def tag(self) -> str:
+        return f"{self.arm.name} seed {self.seed}"
+
+
+def compose(overrides: list[str]):
+    """The config train.py would run with these overrides (Hydra's compose API), validated."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from normlab.commands.train import config_dir, hydra_error_line
+    from normlab.config import validate_run_config
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+    except Exception as e:  # a bad override in the study file: one line naming it
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(e, (HydraException, OmegaConfBaseException)):
+            raise UserError(hydra_error_line(e, overrides)) from None
+        raise
+    finally:
+        GlobalHydra.instance().clear()
+    validate_run_config(cfg)
+    return cfg
+
+
+def plan(study: Study, runs: Path, out: Path) -> list[Job]:
+    """Every (arm, seed) of the study with its run folder and record, composed and checked before
+    anything runs."""
+    from normlab import identity
+
+    jobs = []
+    for seed in study.seeds:  # seed-major: a partial study has whole seeds of every arm
+        for arm in study.arms.values():
+            overrides = study.arm_overrides(arm, seed)
+            try:
+                cfg = compose(overrides)
+            except UserError as e:
+                raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
+            name = identity.run_name(cfg)
+            jobs.append(Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name,
+                            out / "runs" / f"{arm.name}-s{seed}"))
+    return jobs
+
+
+def record_done(job: Job) -> dict | None:
+    path = job.record / "results.json"
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text())
+    return res if res.get("identity_hash") == job.identity_hash and res.get("status") in FINISHED else None
+
+
+def run_results(job: Job) -> dict | None:
+    path = job.run_dir / "results.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def write_record(study: Study, job: Job, res: dict) -> None:
+    """Copy what the report needs from the run folder into the record (atomically: a temp folder,
+    then one rename)."""
+    tmp = job.record.with_name(f".{job.record.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    res = dict(res, study={"name": study.name, "arm": job.arm.name, "seed": job.seed, "budget": study.budget,
+                           "overrides": job.overrides, "run_dir": str(job.run_dir)})
+    (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    hyp = job.run_dir / "test.hyp"
+    if hyp.is_file():
+        with open(hyp, "rb") as src, gzip.GzipFile(tmp / "test.hyp.gz", "wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
+    if (job.run_dir / "csv" / "metrics.csv").is_file():
+        shutil.copy(job.run_dir / "csv" / "metrics.csv", tmp / "metrics.csv")
+    if (job.run_dir / "prune" / "prune.json").is_file():
+        shutil.copy(job.run_dir / "prune" / "prune.json", tmp / "prune.json")
+    shutil.rmtree(job.record, ignore_errors=True)
+    os.replace(tmp, job.record)
+
+
+def prune_command(job: Job) -> list[str] | None:
+    p = job.arm.prune
+    if not p or (job.run_dir / "prune" / "prune.json").is_file():
+        return None
+    cmd = [sys.executable, "-m", "normlab.commands.prune", str(job.run_dir), "--out", str(job.run_dir / "prune"),
+           "--force"]
+    if p.get("strategies"):
+        cmd += ["--strategies", *map(str, p["strategies"])]
+    if p.get("depths"):
+        cmd += ["--depths", *map(str, p["depths"])]
+    for flag in ("beam", "max_sentences"):
+        if p.get(flag) is not None:
+            cmd += [f"--{flag.replace('_', '-')}", str(p[flag])]
+    return cmd
+
+
+class Sweep:
+    """Runs the jobs, `jobs` at a time (threads split between them), logging to <runs>/study.log."""
+
+    def __init__(self, study: Study, jobs: list[Job], runs: Path, parallel: int = 1, launch: list[str] = ()):
+        self.study, self.todo, self.runs, self.parallel = study, jobs, runs, max(1, parallel)
+        self.launch = list(launch)
+        self.running: dict[subprocess.Popen, tuple[Job, str, float]] = {}
+        self.stopping = 0
+        self.failed: list[str] = []
+        runs.mkdir(parents=True, exist_ok=True)
+        (runs / "logs").mkdir(exist_ok=True)
+        self.log_file = open(runs / "study.log", "a", encoding="utf-8")
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        if self.parallel > 1:  # split the cores: each job's torch uses its share
+            threads = str(max(1, (os.cpu_count() or 1) // self.parallel))
+            env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        return env
+
+    def _start(self, job: Job, stage: str, cmd: list[str]) -> None:
+        log = open(self.runs / "logs" / f"{job.arm.name}-s{job.seed}.{stage}.log", "a", encoding="utf-8")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env())
+        log.close()
+        self.running[proc] = (job, stage, time.time())
+
+    def _train_command(self, job: Job) -> list[str]:
+        return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *self.launch,
+                f"hydra.run.dir={job.run_dir}", f"group=study-{self.study.name}"]
+
+    def _next(self, job: Job) -> None:
+        """Start the job's next stage, or write its record when it has none left."""
+        res = run_results(job)
+        if res is None or res.get("status") not in FINISHED:
+            self._start(job, "train", self._train_command(job))
+            self.say(f"start {job.tag}: {job.run_dir}")
+            return
+        cmd = prune_command(job) if res.get("status") == "completed" else None
+        if cmd:
+            self._start(job, "prune", cmd)
+            self.say(f"prune {job.tag}")
+            return
+        write_record(self.study, job, res)
+        self.say(f"done  {job.tag}: {_summary(res)}")
+
+    def _signal(self, signum, frame) -> None:
+        self.stopping = signum
+        for proc in self.running:
+            proc.send_signal(signal.SIGTERM)  # each job checkpoints at the end of its step and exits
+
+    def run(self) -> int:
+        """0 when every job finished; 128+signal when stopped by one."""
+        old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        total = len(self.todo)
+        done = [j for j in self.todo if record_done(j)]
+        self.todo = [j for j in self.todo if j not in done]
+        self.say(f"study {self.study.name} ({self.study.budget}): {total} runs, {len(done)} already recorded, "
+                 f"{len(self.todo)} to run, {self.parallel} at a time")
+        try:
+            while (self.todo or self.running) and not self.stopping:
+                while self.todo and len(self.running) < self.parallel and not self.stopping:
+                    self._next(self.todo.pop(0))
+                self._reap()
+            while self.running:  # stopping: wait for the jobs to checkpoint
+                self._reap()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.log_file.close() if self.stopping else None
+        if self.stopping:
+            print(f"stopped by signal {self.stopping}: rerun the same command to continue", flush=True)
+            return 128 + int(self.stopping)
+        return 0
+
+    def _reap(self) -> None:
+        time.sleep(0.2)
+        for proc in [p for p in self.running if p.poll() is not None]:
+            job, stage, t0 = self.running.pop(proc)
+            if self.stopping:
+                self.say(f"stopped {job.tag} ({stage}, exit {proc.returncode}): continues on the next run")
+                continue
+            res = run_results(job) or {}
+            if stage == "train" and res.get("status") not in FINISHED:
+                msg = res.get("error") or f"exit status {proc.returncode}"
+                self.failed.append(job.tag)
+                self.say(f"FAILED {job.tag}: status {res.get('status', 'none')}: {str(msg).splitlines()[-1][:200]} "
+                         f"(log: {self.runs / 'logs'}/{job.arm.name}-s{job.seed}.train.log)")
+                continue
+            if stage == "prune" and proc.returncode != 0:
+                self.failed.append(job.tag)
+                self.say(f"FAILED {job.tag}: prune exit status {proc.returncode}")
+                continue
+            self._next(job)
+
+
+def _summary(res: dict) -> str:
+    parts = [f"status {res.get('status')}"]
+    for key, label in (("test_bleu", "test BLEU"), ("valid_bleu", "valid BLEU"), ("steps", "steps"),
+                       ("wall_s", "wall s")):
+        if res.get(key) is not None:
+            parts.append(f"{label} {res[key]}")
+    return ", ".join(parts)

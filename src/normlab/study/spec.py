@@ -1,0 +1,161 @@
+"""A study is data: conf/study/<name>.yaml names its arms (train.py overrides), seeds, budget,
+report layout and claims; this module reads and checks it, so a bad study file is one line naming
+the key before any run starts.
+
+    title, paper, question: what the study asks, and of which paper
+    design: why this model, corpus and budget (the README prints it)
+    common: [overrides every arm gets]         seeds: [1, 2, 3]
+    arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]}}}
+    best_of: {name: {arms: [a, b], by: valid_bleu}}   # an arm picked by a validation metric
+    claims: [{id, claim, source, paper, better, than, metric, interval, kind}]
+    budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
+    paper_preset: {command: ..., gpu_hours: ...}           # the papers' sizes, for GPU users
+    plots: {curves: valid_loss}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from normlab.errors import UserError
+
+METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
+INTERVALS = ("bootstrap", "t")
+KINDS = ("compare", "fails", "trains")
+# Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
+# test of the machinery in seconds, never a result.
+SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
+         "model.decoder_ffn=64", "model.encoder_heads=2", "model.decoder_heads=2", "data.max_tokens=512",
+         "eval.decoder.max_len_a=0", "eval.decoder.max_len_b=4", "eval.test_decoder.max_len_a=0",
+         "eval.test_decoder.max_len_b=4", "eval.test_decoder.beam=2", "++trainer.limit_val_batches=2",
+         "++trainer.limit_test_batches=2", "callbacks.full_checkpoint.every_n_steps=3"]
+
+
+def lower_is_better(metric: str) -> bool:
+    return metric.rsplit("_", 1)[-1] in METRICS_LOWER_BETTER or metric.endswith(METRICS_LOWER_BETTER)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...]
+    label: str
+    prune: dict | None = None  # {depths: [..], strategies: [..]}: run the prune command after training
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    claim: str
+    source: str             # paper, table / figure
+    paper: str              # the paper's own number, as printed
+    better: str             # arm (or best_of group) the paper says is better / that fails / trains
+    than: str | None        # the other arm (compare claims)
+    metric: str = "test_bleu"
+    interval: str = "bootstrap"
+    kind: str = "compare"   # compare: A better than B; fails: A diverges or stalls; trains: A trains
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    path: Path
+    title: str
+    paper: str
+    question: str
+    design: str
+    common: tuple[str, ...]
+    seeds: tuple[int, ...]
+    arms: dict[str, Arm]
+    best_of: dict[str, dict]
+    claims: tuple[Claim, ...]
+    budget: str = "full"
+    budget_overrides: tuple[str, ...] = ()
+    paper_preset: dict = field(default_factory=dict)
+    curves: str = "valid_loss"
+    table_metrics: tuple[str, ...] = ("test_bleu", "test_chrf", "valid_bleu", "valid_nll")
+
+    def arm_overrides(self, arm: Arm, seed: int) -> list[str]:
+        return [*self.common, *arm.overrides, *self.budget_overrides, f"seed={seed}"]
+
+    def members(self, name: str) -> list[str]:
+        """The arms a claim's side stands for: an arm, or the candidates of a best_of group."""
+        return list(self.best_of[name]["arms"]) if name in self.best_of else [name]
+
+
+def study_dir() -> Path:
+    from normlab.commands.train import config_dir
+
+    return config_dir() / "study"
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in study_dir().glob("*.yaml"))
+
+
+def _need(node: dict, key: str, where: str, kind: type | tuple = str) -> Any:
+    if key not in node or node[key] is None:
+        raise UserError(f"{where}.{key}", "missing")
+    if not isinstance(node[key], kind):
+        raise UserError(f"{where}.{key}", f"must be a {getattr(kind, '__name__', kind)}")
+    return node[key]
+
+
+def load_study(name: str, budget: str = "full") -> Study:
+    path = study_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"study {name!r}", "no such study", available())
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as e:  # YAML syntax: the file and its line
+        raise UserError(str(path), f"not a readable study file: {str(e).splitlines()[0]}") from None
+    where = f"{path.name}"
+    arms = {}
+    for arm_name, node in (_need(raw, "arms", where, dict)).items():
+        node = node or {}
+        overrides = node.get("overrides") or []
+        if not isinstance(overrides, list):
+            raise UserError(f"{where}: arms.{arm_name}.overrides", "must be a list of train.py overrides")
+        arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"))
+    best_of = raw.get("best_of") or {}
+    for group, node in best_of.items():
+        unknown = [a for a in node.get("arms") or [] if a not in arms]
+        if unknown or len(node.get("arms") or []) < 2:
+            raise UserError(f"{where}: best_of.{group}.arms", f"needs >= 2 of the study's arms (unknown: {unknown})",
+                            list(arms))
+        node.setdefault("by", "valid_bleu")
+    claims = []
+    for i, node in enumerate(raw.get("claims") or []):
+        at = f"{where}: claims[{i}]"
+        c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
+                  **{k: node[k] for k in ("metric", "interval", "kind") if k in node})
+        for key in ("id", "claim", "source", "paper", "better"):
+            if not getattr(c, key):
+                raise UserError(f"{at}.{key}", "missing")
+        if c.kind not in KINDS:
+            raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
+        if c.interval not in INTERVALS:
+            raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
+        for side in (c.better, c.than) if c.kind == "compare" else (c.better,):
+            if side not in arms and side not in best_of:
+                raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
+        claims.append(c)
+    budgets = raw.get("budgets") or {}
+    if budget not in ("full", *budgets, "smoke"):
+        raise UserError("study.budget", f"{budget!r} is not a budget of {name}", ["full", "smoke", *budgets])
+    seeds = raw.get("seeds") or [1]
+    extra: list[str] = []
+    if budget != "full":
+        b = budgets.get(budget) or {}
+        seeds = b.get("seeds") or ([1, 2] if budget == "smoke" else seeds)
+        extra = (SMOKE if budget == "smoke" else []) + list(b.get("overrides") or [])
+    plots = raw.get("plots") or {}
+    return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
+                 question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
+                 common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
+                 best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
+                 paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
+                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics))
