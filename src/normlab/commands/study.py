@@ -7,8 +7,8 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study twt_lowres --report-only     # judge and write the README from the records alone
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
-A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/<name>/runs/ (not
-in the repository); records of finished runs to experiments/<name>/runs/ (small, committed), and a
+A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/runs/ (not in the
+repository; named by their identity, so studies that share an arm share its runs); records of finished runs to experiments/<name>/runs/ (small, committed), and a
 record whose run identity matches counts as done, so a study continues on another machine from its
 committed records. SIGTERM or Ctrl-C stops every running job at a checkpoint; the same command
 continues. Another budget (smoke) writes to studies/<name>-<budget>/ and never to experiments/.
@@ -33,7 +33,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget", default=None, help="full (default) or smoke, or a budget of the study file")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time; the CPU cores are split between them")
     ap.add_argument("--out", default=None, help="records, README, plots (default: experiments/<name>)")
-    ap.add_argument("--runs", default=None, help="run folders (default: studies/<name>/runs)")
+    ap.add_argument("--runs", default=None, help="run folders (default: studies/runs, shared by the studies)")
     ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     base = Path("studies") / (study.name if study.budget == "full" else f"{study.name}-{study.budget}")
     out = Path(args.out) if args.out else (Path("experiments") / study.name if study.budget == "full"
                                            else base / "experiment")
-    runs = Path(args.runs) if args.runs else base / "runs"
+    # one pool of run folders for every full-budget study: a run is named by its identity, so two
+    # studies that share an arm (the same resolved config) share its runs
+    runs = Path(args.runs) if args.runs else (Path("studies") / "runs" if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
     jobs = plan(study, runs, out)  # every arm composed and validated before anything runs

@@ -4,6 +4,8 @@
   seeds excludes zero in the paper's direction, `contradicted` when it excludes zero the other way,
   `inconclusive` otherwise; `not run` when an arm has no scored seed (diverged, stalled, failed or
   not yet run: shown with the statuses).
+- similar (A about as good as B): `held` when the interval lies inside ±margin, `contradicted` when
+  it lies wholly outside, `inconclusive` otherwise.
 - fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
 - trains (A trains where the paper says it does): the reverse of fails.
@@ -96,33 +98,43 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
         v.means = {a: _mean([r.metric(claim.metric) for r in recs if r.status in SCORED])}
         return v
     b, note_b = pick(study, claim.than, by_arm)
-    A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(claim.metric) is not None}
-    B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and r.metric(claim.metric) is not None}
+    ma, mb = claim.metric, claim.than_metric or claim.metric
+    A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(ma) is not None}
+    B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and r.metric(mb) is not None}
     v = Verdict(claim, "not run", a, b, statuses={a: statuses(by_arm.get(a, [])), b: statuses(by_arm.get(b, []))},
-                means={a: _mean([r.metric(claim.metric) for r in A.values()]),
-                       b: _mean([r.metric(claim.metric) for r in B.values()])},
+                means={a: _mean([r.metric(ma) for r in A.values()]), b: _mean([r.metric(mb) for r in B.values()])},
                 note="; ".join(n for n in (note_a, note_b) if n))
     seeds = sorted(set(A) & set(B))
     if not seeds:
         return v
     iv = None
-    if claim.interval == "bootstrap" and claim.metric in ("test_bleu",):
+    if claim.interval == "bootstrap" and ma == mb == "test_bleu":
         iv = _bootstrap([A[s] for s in seeds], [B[s] for s in seeds], refs)
         if iv is None:
-            v.note = "; ".join(filter(None, [v.note, "no test hypotheses, or references that do not reproduce test_bleu, for the bootstrap: t interval"]))
+            v.note = "; ".join(filter(None, [v.note, "no test hypotheses, or references that do not reproduce "
+                                                     "test_bleu, for the bootstrap: t interval"]))
     if iv is None:
-        iv = paired_t([A[s].metric(claim.metric) for s in seeds], [B[s].metric(claim.metric) for s in seeds])
+        iv = paired_t([A[s].metric(ma) for s in seeds], [B[s].metric(mb) for s in seeds])
     v.interval = iv
-    sign = -1.0 if lower_is_better(claim.metric) else 1.0  # the paper's direction: A better than B
-    if iv.low is None:
-        v.verdict = "inconclusive"
-    elif sign * iv.low > 0 and sign * iv.high > 0:
-        v.verdict = "held"
-    elif sign * iv.low < 0 and sign * iv.high < 0:
-        v.verdict = "contradicted"
-    else:
-        v.verdict = "inconclusive"
+    v.verdict = verdict_of(iv, claim, lower_is_better(ma))
     return v
+
+
+def verdict_of(iv: Interval, claim: Claim, lower_better: bool) -> str:
+    """compare: the interval excludes zero in the paper's direction (held) or the other (contradicted);
+    similar: it lies inside ±margin (held) or wholly outside it (contradicted)."""
+    if iv.low is None:
+        return "inconclusive"
+    if claim.kind == "similar":
+        m = claim.margin
+        if -m < iv.low and iv.high < m:
+            return "held"
+        return "contradicted" if iv.low >= m or iv.high <= -m else "inconclusive"
+    sign = -1.0 if lower_better else 1.0  # the paper's direction: A better than B
+    low, high = sorted((sign * iv.low, sign * iv.high))
+    if low > 0:
+        return "held"
+    return "contradicted" if high < 0 else "inconclusive"
 
 
 def _mean(values: list) -> float | None:

@@ -51,7 +51,7 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
 
 def verdict_cell(v: Verdict) -> str:
     iv = v.interval
-    if v.claim.kind != "compare":
+    if v.claim.kind in ("fails", "trains"):
         return ", ".join(f"{k} {n}" for k, n in v.statuses.get(v.better, {}).items()) or "no runs"
     if iv is None:
         return "; ".join(f"{a}: {', '.join(f'{k} {n}' for k, n in st.items()) or 'no runs'}"

@@ -134,9 +134,9 @@ def prune_command(job: Job) -> list[str] | None:
     cmd = [sys.executable, "-m", "normlab.commands.prune", str(job.run_dir), "--out", str(job.run_dir / "prune"),
            "--force"]
     if p.get("strategies"):
-        cmd += ["--strategies", *map(str, p["strategies"])]
+        cmd += ["--strategies", ",".join(map(str, p["strategies"]))]
     if p.get("depths"):
-        cmd += ["--depths", *map(str, p["depths"])]
+        cmd += ["--depths", ",".join(map(str, p["depths"]))]
     for flag in ("beam", "max_sentences"):
         if p.get(flag) is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(p[flag])]

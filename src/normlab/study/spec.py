@@ -7,7 +7,7 @@ the key before any run starts.
     common: [overrides every arm gets]         seeds: [1, 2, 3]
     arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]}}}
     best_of: {name: {arms: [a, b], by: valid_bleu}}   # an arm picked by a validation metric
-    claims: [{id, claim, source, paper, better, than, metric, interval, kind}]
+    claims: [{id, claim, source, paper, better, than, metric, than_metric, interval, kind, margin}]
     budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
     paper_preset: {command: ..., gpu_hours: ...}           # the papers' sizes, for GPU users
     plots: {curves: valid_loss}
@@ -24,7 +24,7 @@ from normlab.errors import UserError
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
 INTERVALS = ("bootstrap", "t")
-KINDS = ("compare", "fails", "trains")
+KINDS = ("compare", "similar", "fails", "trains")
 # Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
 # test of the machinery in seconds, never a result.
 SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
@@ -56,7 +56,10 @@ class Claim:
     than: str | None        # the other arm (compare claims)
     metric: str = "test_bleu"
     interval: str = "bootstrap"
-    kind: str = "compare"   # compare: A better than B; fails: A diverges or stalls; trains: A trains
+    kind: str = "compare"   # compare: A better than B; similar: |A - B| < margin; fails: A diverges or
+                            # stalls; trains: A completes
+    than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
+    margin: float = 1.0     # similar: the largest difference the paper would call "about as good"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,9 @@ def _need(node: dict, key: str, where: str, kind: type | tuple = str) -> Any:
 
 
 def load_study(name: str, budget: str = "full") -> Study:
-    path = study_dir() / f"{name}.yaml"
+    """conf/study/<name>.yaml, or a study file given by its path (<file>.yaml)."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else study_dir() / f"{name}.yaml"
+    name = path.stem
     if not path.is_file():
         raise UserError(f"study {name!r}", "no such study", available())
     try:
@@ -131,7 +136,7 @@ def load_study(name: str, budget: str = "full") -> Study:
     for i, node in enumerate(raw.get("claims") or []):
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
-                  **{k: node[k] for k in ("metric", "interval", "kind") if k in node})
+                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
@@ -139,7 +144,7 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
         if c.interval not in INTERVALS:
             raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
-        for side in (c.better, c.than) if c.kind == "compare" else (c.better,):
+        for side in (c.better, c.than) if c.kind in ("compare", "similar") else (c.better,):
             if side not in arms and side not in best_of:
                 raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
         claims.append(c)

@@ -1,0 +1,267 @@
+"""normlab-study: study files are checked before any work, claims are judged from records (every
+verdict, best_of chosen on validation, similar / fails / trains, pruned-model metrics), and a study
+runs, continues after SIGTERM, skips what it recorded and writes its README."""
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from normlab.errors import UserError
+from normlab.study.claims import judge
+from normlab.study.readme import BEGIN, END, update_index, write_study
+from normlab.study.records import load_records
+from normlab.study.runner import plan
+from normlab.study.spec import available, load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ["deep_bleu", "drophead", "layerdrop_prune", "twt_lowres", "twt_scalenorm"]
+
+
+def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
+    arms = arms or {"a": ["norm=prenorm"], "b1": ["norm=postnorm", "optim.lr=1e-3"], "b2": ["norm=postnorm"]}
+    lines = ["title: t", "paper: p", "question: q", "seeds: [1, 2, 3]", "arms:"]
+    for name, ov in arms.items():
+        lines.append(f"  {name}: {{overrides: [{', '.join(ov)}]}}")
+    lines += ["best_of:", "  b_best: {arms: [b1, b2], by: valid_bleu}", "claims:"]
+    for c in claims:
+        lines.append("  - " + json.dumps(c))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "s.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def record(out: Path, arm: str, seed: int, status="completed", **metrics) -> None:
+    d = out / "runs" / f"{arm}-s{seed}"
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps({"status": status, "study": {"arm": arm, "seed": seed}, **metrics}))
+
+
+def claim(**kw):
+    return {"id": "c", "claim": "A beats B", "source": "paper", "paper": "+1", "better": "a", "than": "b1",
+            "interval": "t", **kw}
+
+
+def test_every_shipped_study_plans(tmp_path):
+    """Every arm of every study composes and validates (what the command checks before any run)."""
+    assert set(STUDIES) <= set(available())
+    for name in STUDIES:
+        for budget in ("full", "smoke"):
+            study = load_study(name, budget)
+            jobs = plan(study, tmp_path / "runs", tmp_path / "out")
+            assert len(jobs) == len(study.arms) * len(study.seeds)
+            assert len({j.run_name for j in jobs}) == len(jobs)  # every (arm, seed) its own run
+            for c in study.claims:
+                assert c.better in study.arms or c.better in study.best_of
+
+
+def test_studies_share_identical_arms(tmp_path):
+    """The same resolved config is the same run folder in every study (trained once)."""
+    lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
+    scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm"), tmp_path, tmp_path)}
+    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
+    assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
+
+
+def test_run_names_of_started_studies_are_pinned(tmp_path):
+    """Runs already trained (twt_lowres, started 2026-11-23) keep their folders: a change that renames
+    them would train them again."""
+    names = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
+    assert names["pre_ln seed 1"] == "pre_ln-xavier-none-e3d3-s1-1596a043"
+    assert names["post_ln_lr1e-3 seed 1"] == "post_ln-xavier-none-e3d3-s1-f190fdcd"
+    assert names["post_ln_lr2e-3 seed 2"] == "post_ln-xavier-none-e3d3-s2-bd15fb2d"
+
+
+@pytest.mark.parametrize("bad, where", [
+    (claim(better="nope"), "'nope' is not an arm"),
+    (claim(kind="maybe"), "kind: 'maybe' is not a kind"),
+    (claim(interval="z"), "interval: 'z' is not an interval"),
+    ({"id": "c", "better": "a", "than": "b1"}, "claims[0].claim: missing"),
+])
+def test_bad_study_file_is_one_error(tmp_path, bad, where):
+    with pytest.raises(UserError, match=re.escape(where)):
+        load_study(str(write_study_file(tmp_path, [bad])))
+
+
+def test_bad_arm_override_names_the_arm(tmp_path):
+    path = write_study_file(tmp_path, [claim()], arms={"a": ["norm=batchnorm"], "b1": [], "b2": []})
+    with pytest.raises(UserError, match=r"arms.a: norm=batchnorm: no such norm option"):
+        plan(load_study(str(path)), tmp_path, tmp_path)
+
+
+def test_unknown_study_and_budget():
+    with pytest.raises(UserError, match=r"no such study \(allowed: .*twt_lowres"):
+        load_study("nosuch")
+    with pytest.raises(UserError, match=r"study.budget: 'huge' is not a budget"):
+        load_study("twt_lowres", "huge")
+
+
+def verdicts(tmp_path, claims, rows):
+    study = load_study(str(write_study_file(tmp_path, claims)))
+    out = tmp_path / "out"
+    for row in rows:
+        record(out, *row[:2], **row[2])
+    return {v.claim.id: v for v in judge(study, load_records(out), None)}
+
+
+def pairs(a, b, arm_b="b1", **extra_b):
+    rows = [("a", s + 1, {"test_bleu": x, "valid_bleu": 10.0}) for s, x in enumerate(a)]
+    rows += [(arm_b, s + 1, {"test_bleu": x, "valid_bleu": 10.0, **extra_b}) for s, x in enumerate(b)]
+    return rows
+
+
+def test_verdicts_follow_the_interval(tmp_path):
+    v = verdicts(tmp_path, [claim()], pairs([27.0, 27.2, 26.9], [24.0, 24.1, 24.3]))["c"]
+    assert v.verdict == "held" and v.interval.low > 0 and v.interval.method == "t over 3 paired seeds"
+    v = verdicts(tmp_path / "2", [claim()], pairs([24.0, 24.1, 24.3], [27.0, 27.2, 26.9]))["c"]
+    assert v.verdict == "contradicted" and v.interval.high < 0
+    v = verdicts(tmp_path / "3", [claim()], pairs([27.0, 24.0, 26.0], [26.0, 25.0, 25.5]))["c"]
+    assert v.verdict == "inconclusive" and v.interval.low < 0 < v.interval.high
+
+
+def test_lower_is_better_for_loss_metrics(tmp_path):
+    rows = [("a", s, {"valid_nll": x}) for s, x in ((1, 2.0), (2, 2.1), (3, 2.05))]
+    rows += [("b1", s, {"valid_nll": x}) for s, x in ((1, 2.5), (2, 2.6), (3, 2.55))]
+    assert verdicts(tmp_path, [claim(metric="valid_nll")], rows)["c"].verdict == "held"
+
+
+def test_not_run_when_an_arm_did_not_train(tmp_path):
+    study = load_study(str(write_study_file(tmp_path, [claim()])))
+    out = tmp_path / "out"
+    for arm, seed in (("a", 1), ("a", 2)):
+        record(out, arm, seed, test_bleu=20.0)
+    for seed in (1, 2):
+        record(out, "b1", seed, status="stalled", test_bleu=0.5)
+    v = judge(study, load_records(out), None)[0]
+    assert v.verdict == "not run" and v.statuses["b1"] == {"stalled": 2} and v.interval is None
+
+
+def test_best_of_picks_by_validation_not_test(tmp_path):
+    # b2 has the better test BLEU but the worse valid BLEU: the claim must use b1
+    rows = [("a", s, {"test_bleu": 25.0, "valid_bleu": 20.0}) for s in (1, 2, 3)]
+    rows += [("b1", s, {"test_bleu": 24.0 + s * 0.1, "valid_bleu": 19.0}) for s in (1, 2, 3)]
+    rows += [("b2", s, {"test_bleu": 26.0 + s * 0.1, "valid_bleu": 18.0}) for s in (1, 2, 3)]
+    v = verdicts(tmp_path, [claim(than="b_best")], rows)["c"]
+    assert v.than == "b1" and "best of b1, b2 by mean valid_bleu" in v.note and v.verdict == "held"
+
+
+def test_similar_fails_trains_and_other_metric(tmp_path):
+    rows = [("a", s, {"test_bleu": 25.0 + 0.1 * s, "other": 25.05 + 0.1 * s}) for s in (1, 2, 3)]
+    rows += [("b1", s, {"test_bleu": 10.0}) for s in (1, 2, 3)]
+    cl = [claim(id="sim", kind="similar", than="a", than_metric="other", margin=0.5),
+          claim(id="far", kind="similar", than="b1", margin=1.0),
+          claim(id="fails", kind="fails", than=None), claim(id="trains", kind="trains", than=None)]
+    got = verdicts(tmp_path, cl, rows)
+    assert got["sim"].verdict == "held" and got["sim"].interval.diff == pytest.approx(-0.05)
+    assert got["far"].verdict == "contradicted"
+    assert got["fails"].verdict == "contradicted" and got["trains"].verdict == "held"
+
+
+def test_fails_held_when_every_seed_stalls(tmp_path):
+    study = load_study(str(write_study_file(tmp_path, [claim(kind="fails", than=None)])))
+    out = tmp_path / "out"
+    record(out, "a", 1, status="stalled")
+    record(out, "a", 2, status="diverged")
+    assert judge(study, load_records(out), None)[0].verdict == "held"
+    record(out, "a", 3, test_bleu=20.0)
+    assert judge(study, load_records(out), None)[0].verdict == "inconclusive"
+
+
+def test_prune_metrics_from_records(tmp_path):
+    out = tmp_path / "out"
+    record(out, "a", 1, test_bleu=20.0)
+    (out / "runs" / "a-s1" / "prune.json").write_text(json.dumps({"rows": [
+        {"strategy": "full", "kept": 6, "test_bleu": 20.0},
+        {"strategy": "every_other", "kept": 3, "test_bleu": 12.5},
+        {"strategy": "data_driven", "kept": 3, "test_bleu": None, "note": "n/a"}]}))
+    rec = load_records(out)["a"][0]
+    assert rec.metric("prune.every_other.r3.test_bleu") == 12.5
+    assert rec.metric("prune.data_driven.r3.test_bleu") is None
+    assert rec.metric("prune.search_on_valid.r3.test_bleu") is None
+
+
+def test_index_table_keeps_the_rest_of_the_page(tmp_path):
+    index = tmp_path / "README.md"
+    index.write_text(f"# Studies\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "claims.json").write_text(json.dumps({"study": "s1", "budget": "full", "claims": [
+        {"claim": "X beats Y", "source": "P", "paper": "+1", "verdict": "held",
+         "difference": {"mean": 1.5, "low": 0.5, "high": 2.5}}]}))
+    (tmp_path / "s2").mkdir()
+    (tmp_path / "s2" / "claims.json").write_text(json.dumps({"study": "s2", "budget": "smoke", "claims": []}))
+    update_index(index)
+    text = index.read_text()
+    assert "intro" in text and "after" in text and "old" not in text
+    assert "| [s1](s1/) | X beats Y | P | +1 | +1.50 [0.50, 2.50] | **held** |" in text
+
+
+def run_study(args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "normlab.commands.study", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    for args, msg in ((["nosuch"], "error: study 'nosuch': no such study (allowed: "),
+                      (["twt_lowres", "study.budget=huge"], "error: study.budget: 'huge' is not a budget"),
+                      (["twt_lowres", "--jobs", "0"], "error: --jobs: 0 must be >= 1"),
+                      (["twt_lowres", "foo=1"], "error: foo=1: not a study setting")):
+        r = run_study(args + ["--out", str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
+        assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "r").exists()
+
+
+SMOKE_STUDY = """
+title: smoke
+paper: p
+question: q
+seeds: [1, 2]
+common: [eval.test_greedy=false, eval.test_average=false]
+arms:
+  pre: {overrides: [norm=prenorm]}
+  post: {overrides: [norm=postnorm]}
+claims:
+  - {id: pre_beats_post, claim: "pre beats post", source: s, paper: "+1", better: pre, than: post}
+  - {id: pre_trains, claim: "pre trains", source: s, paper: "-", better: pre, kind: trains}
+"""
+
+
+def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
+    study = tmp_path / "smoke_study.yaml"
+    study.write_text(SMOKE_STUDY)
+    args = [str(study), "study.budget=smoke", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")]
+    # SIGTERM while the first run trains: the run checkpoints (preempted), the study exits 143
+    proc = subprocess.Popen([sys.executable, "-m", "normlab.commands.study", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "runs").glob("*/checkpoints/full-step*.ckpt")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "rerun the same command to continue" in out
+    first = json.loads(next((tmp_path / "runs").glob("*/results.json")).read_text())
+    assert first["status"] == "preempted"
+    assert not (tmp_path / "out" / "runs").exists() or not list((tmp_path / "out" / "runs").iterdir())
+    # the same command continues and finishes every run, then judges and writes the README
+    r = run_study(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = load_records(tmp_path / "out")
+    assert sorted(recs) == ["post", "pre"] and all(len(v) == 2 for v in recs.values())
+    assert all(rec.status == "completed" and rec.results["steps"] == 6 for v in recs.values() for rec in v)
+    resumed = [rec for v in recs.values() for rec in v if rec.results["study"]["run_dir"] == first["run_dir"]]
+    assert len(resumed) == 1  # the preempted run continued in its folder
+    claims = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
+    assert [c["verdict"] for c in claims][1] == "held"  # pre trains: both seeds completed
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "_Generated by `normlab-study smoke_study study.budget=smoke`" in readme
+    assert "| pre beats post (pre vs post, test_bleu) |" in readme and "4 runs of 6 steps" in readme
+    assert (tmp_path / "out" / "curves.png").is_file() and (tmp_path / "out" / "table.csv").is_file()
+    # again: nothing left to run
+    r = run_study(args)
+    assert r.returncode == 0 and "4 runs, 4 already recorded, 0 to run" in r.stdout
