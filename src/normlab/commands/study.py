@@ -71,10 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(args.runs) if args.runs else (Path("studies") / "runs" if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
-    jobs = plan(study, runs, out)  # every arm composed and validated before anything runs
-    _keep_references(jobs, out)
     failed = 0
-    if not args.report_only:
+    if study.kind == "probe":
+        from normlab.study.probe import run_probe
+
+        if not args.report_only:
+            run_probe(study, out)
+        jobs = []
+    else:
+        jobs = plan(study, runs, out)  # every arm composed and validated before anything runs
+        _keep_references(jobs, out)
+    if jobs and not args.report_only:
         sweep = Sweep(study, jobs, runs, parallel=args.jobs)
         code = sweep.run()
         if code:

@@ -116,7 +116,7 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     if iv is None:
         iv = paired_t([A[s].metric(ma) for s in seeds], [B[s].metric(mb) for s in seeds])
     v.interval = iv
-    v.verdict = verdict_of(iv, claim, lower_is_better(ma))
+    v.verdict = verdict_of(iv, claim, claim.direction == "lower" if claim.direction else lower_is_better(ma))
     return v
 
 

@@ -66,6 +66,15 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     rows = arm_rows(study, by_arm)
     c = cost(by_arm)
     plots = _plots(study, by_arm, out)
+    probe_lines: list[str] = []
+    if study.kind == "probe":
+        from normlab.study.probe import depth_plot, depth_table
+
+        plots.insert(0, ("output change vs depth", depth_plot(study, by_arm, out)))
+        for side in ("decoder", "encoder"):
+            probe_lines += [f"## Output change at init, {side} output (mean ± sd over {len(study.seeds)} seeds; "
+                            "the sd as a share of the mean)", "", *depth_table(study, by_arm, side), "",
+                            f"Relative to ‖F(x;W)‖ ({side}):", "", *depth_table(study, by_arm, side, relative=True), ""]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget,
                                                  "claims": [v.as_dict() for v in verdicts]}, indent=2) + "\n")
     with open(out / "table.csv", "w", newline="") as f:
@@ -81,8 +90,11 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
              f"**Paper:** {study.paper}", "", f"**Question:** {study.question}", ""]
     if study.design:
         lines += ["## Design (why this model, corpus and budget)", "", study.design.strip(), ""]
+    runs_of = (f"{c['runs']} probes ({len(study.seeds)} seeds x {len(study.arms)} arms, "
+               f"{len(study.probe.get('depths', []))} depths each)" if study.kind == "probe"
+               else f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps")
     lines += ["## Cost", "",
-              f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps, "
+              f"{runs_of}, "
               f"{c['machine_hours']:.2f} machine-hours on this machine (sum of the runs' wall time; "
               f"seeds {', '.join(map(str, study.seeds))}).", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
@@ -92,6 +104,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
                      f"{verdict_cell(v)} | **{v.verdict}** |")
     notes = [f"- {v.claim.id}: {v.note}" for v in verdicts if v.note]
     lines += ["", *notes, "" if notes else ""]
+    lines += probe_lines
     metrics = study.table_metrics
     lines += ["## Arms (mean ± sd over completed seeds)", "",
               "| arm | overrides | status | " + " | ".join(metrics) + " |",
@@ -107,9 +120,13 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     lines += [""]
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]
-    lines += ["## Reproduce", "", "```bash", command, "```", "",
-              "Every arm's runs: `" + " ".join(study.common) + " <arm overrides> seed=<s>` "
-              "(run folders under `studies/" + study.name + "/runs/`; records here under `runs/`)."]
+    lines += ["## Reproduce", "", "```bash", command, "```", ""]
+    if study.kind == "train":
+        lines.append("Each run is `python train.py " + " ".join(study.common) + " <the arm's overrides> seed=<s>` "
+                     "(run folders under `studies/runs/`, named by their identity; the records the tables "
+                     "are computed from are under `runs/` here).")
+    else:
+        lines.append("The records the tables are computed from are under `runs/` here.")
     if study.paper_preset:
         p = study.paper_preset
         lines += ["", "## At the papers' size (GPU)", "", "```bash", str(p.get("command", "")).strip(), "```", "",

@@ -44,6 +44,7 @@ class Arm:
     overrides: tuple[str, ...]
     label: str
     prune: dict | None = None  # {depths: [..], strategies: [..]}: run the prune command after training
+    model: dict | None = None  # probe studies: the ModelConfig options of the arm
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Claim:
                             # stalls; trains: A completes
     than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
     margin: float = 1.0     # similar: the largest difference the paper would call "about as good"
+    direction: str | None = None  # higher | lower is better; default: lower for loss / nll / ppl
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Study:
     paper_preset: dict = field(default_factory=dict)
     curves: str = "valid_loss"
     table_metrics: tuple[str, ...] = ("test_bleu", "test_chrf", "valid_bleu", "valid_nll")
+    kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
+    probe: dict = field(default_factory=dict)
 
     def arm_overrides(self, arm: Arm, seed: int) -> list[str]:
         return [*self.common, *arm.overrides, *self.budget_overrides, f"seed={seed}"]
@@ -124,7 +128,8 @@ def load_study(name: str, budget: str = "full") -> Study:
         overrides = node.get("overrides") or []
         if not isinstance(overrides, list):
             raise UserError(f"{where}: arms.{arm_name}.overrides", "must be a list of train.py overrides")
-        arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"))
+        arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"),
+                             node.get("model"))
     best_of = raw.get("best_of") or {}
     for group, node in best_of.items():
         unknown = [a for a in node.get("arms") or [] if a not in arms]
@@ -136,12 +141,14 @@ def load_study(name: str, budget: str = "full") -> Study:
     for i, node in enumerate(raw.get("claims") or []):
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
-                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin") if k in node})
+                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
         if c.kind not in KINDS:
             raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
+        if c.direction not in (None, "higher", "lower"):
+            raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
         if c.interval not in INTERVALS:
             raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
         for side in (c.better, c.than) if c.kind in ("compare", "similar") else (c.better,):
@@ -157,10 +164,20 @@ def load_study(name: str, budget: str = "full") -> Study:
         b = budgets.get(budget) or {}
         seeds = b.get("seeds") or ([1, 2] if budget == "smoke" else seeds)
         extra = (SMOKE if budget == "smoke" else []) + list(b.get("overrides") or [])
+    kind = str(raw.get("kind") or "train")
+    if kind not in ("train", "probe"):
+        raise UserError(f"{where}: kind", f"{kind!r} is not a study kind", ["train", "probe"])
+    probe = dict(raw.get("probe") or {})
+    if kind == "probe":
+        if not probe.get("depths"):
+            raise UserError(f"{where}: probe.depths", "missing")
+        extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
+        if budget != "full":
+            probe.update((budgets.get(budget) or {}).get("probe") or {"depths": [2, 4], "d_model": 32})
     plots = raw.get("plots") or {}
     return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
                  question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
                  common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
-                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics))
+                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe)
