@@ -265,3 +265,25 @@ def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
     # again: nothing left to run
     r = run_study(args)
     assert r.returncode == 0 and "4 runs, 4 already recorded, 0 to run" in r.stdout
+
+
+def test_output_change_probe_study(tmp_path):
+    """The probe study: a record per arm and seed whose growth is log(change at N_max / at N_min),
+    each cell's spread over seeds in the README, and a rerun that measures nothing."""
+    args = ["output_change", "study.budget=smoke", "--out", str(tmp_path / "out")]
+    r = run_study(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = load_records(tmp_path / "out")
+    study = load_study("output_change", "smoke")
+    assert sorted(recs) == sorted(study.arms) and all(len(v) == 2 for v in recs.values())
+    import math
+
+    for rec in recs["post_ln"]:
+        res = rec.results
+        assert res["growth_decoder"] == pytest.approx(math.log(res["change_decoder_N4"] / res["change_decoder_N2"]))
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## Output change at init, decoder output (mean ± sd over 2 seeds" in readme
+    assert (tmp_path / "out" / "output_change.png").is_file()
+    assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
+    r = run_study(args)
+    assert r.returncode == 0 and "24 probes, 0 to run" in r.stdout

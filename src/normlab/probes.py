@@ -7,9 +7,9 @@ for every parameter; the change is ‖F(x; W) − F(x; W*)‖₂ over the whole 
 output and at the decoder output (final hidden states, before the tied output projection). Most
 schemes end each stack in a norm, so their outputs have comparable scale; ReZero (no norm), DyT
 (bounded, not normalised) and ResiDual (two streams added) do not: compare those by the change
-relative to ‖F(x; W)‖ (experiments/norm_depth/output_change.py reports both). Evaluated in eval
+relative to ‖F(x; W)‖ (normlab-study output_change reports both). Evaluated in eval
 mode (no dropout); the parameters are restored exactly (copied back, not re-added).
-Pure torch: used by the diagnostics callback and by experiments/norm_depth/output_change.py.
+Pure torch: used by the diagnostics callback and by the output_change study (normlab.study.probe).
 """
 from __future__ import annotations
 

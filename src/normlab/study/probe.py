@@ -164,3 +164,33 @@ def depth_plot(study: Study, by_arm: dict, out: Path) -> str:
     fig.savefig(out / "output_change.png", dpi=100)
     plt.close(fig)
     return "output_change.png"
+
+
+def shape_lines(study: Study, by_arm: dict) -> list[str]:
+    """Linear in N or in ln N? Least-squares R² of both fits on the seed-mean curve of each arm
+    (Liu et al.: post-LN O(N), pre-LN / Admin O(log N)), and y(N_max) / y(N_min)."""
+    import numpy as np
+
+    depths = np.array(study.probe["depths"], dtype=float)
+    if len(depths) < 3:
+        return []
+
+    def r2(x, y):
+        a, b = np.polyfit(x, y, 1)
+        resid = y - (a * x + b)
+        return 1 - resid.var() / y.var() if y.var() > 0 else float("nan")
+
+    lines = ["| arm | encoder: R² linear / R² ln N | encoder y(max)/y(min) | decoder: R² linear / R² ln N | "
+             "decoder y(max)/y(min) |", "|---|---|---|---|---|"]
+    for a in study.arms.values():
+        recs = by_arm.get(a.name, [])
+        if not recs:
+            continue
+        cells = []
+        for side in ("encoder", "decoder"):
+            y = np.array([np.mean([r.results[f"change_{side}_N{int(n)}"] for r in recs]) for n in depths])
+            lin, log = r2(depths, y), r2(np.log(depths), y)
+            best = "linear" if lin > log else "ln N"
+            cells += [f"{lin:.2f} / {log:.2f} ({best})", f"{y[-1] / y[0]:.2f}"]
+        lines.append(f"| {a.label} | " + " | ".join(cells) + " |")
+    return lines

@@ -68,13 +68,16 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     plots = _plots(study, by_arm, out)
     probe_lines: list[str] = []
     if study.kind == "probe":
-        from normlab.study.probe import depth_plot, depth_table
+        from normlab.study.probe import depth_plot, depth_table, shape_lines
 
         plots.insert(0, ("output change vs depth", depth_plot(study, by_arm, out)))
         for side in ("decoder", "encoder"):
             probe_lines += [f"## Output change at init, {side} output (mean ± sd over {len(study.seeds)} seeds; "
                             "the sd as a share of the mean)", "", *depth_table(study, by_arm, side), "",
                             f"Relative to ‖F(x;W)‖ ({side}):", "", *depth_table(study, by_arm, side, relative=True), ""]
+        shape = shape_lines(study, by_arm)
+        if shape:
+            probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget,
                                                  "claims": [v.as_dict() for v in verdicts]}, indent=2) + "\n")
     with open(out / "table.csv", "w", newline="") as f:
