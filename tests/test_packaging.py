@@ -12,7 +12,8 @@ from conftest import ROOT
 SCRIPTS = {"normlab-train": "normlab.cli:train", "normlab-translate": "normlab.cli:translate",
            "normlab-evaluate": "normlab.cli:evaluate", "normlab-average": "normlab.cli:average",
            "normlab-prune": "normlab.cli:prune", "normlab-report": "normlab.cli:report",
-           "normlab-export-admin": "normlab.cli:export_admin", "normlab-preprocess": "normlab.cli:preprocess"}
+           "normlab-export-admin": "normlab.cli:export_admin", "normlab-preprocess": "normlab.cli:preprocess",
+           "normlab-study": "normlab.cli:study"}
 BIN = Path(sys.executable).parent
 
 

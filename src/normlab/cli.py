@@ -43,3 +43,7 @@ def export_admin() -> None:
 
 def preprocess() -> None:
     _run("preprocess")
+
+
+def study() -> None:
+    _run("study")
