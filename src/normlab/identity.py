@@ -39,6 +39,11 @@ NOT_IDENTITY = (
     "callbacks.diagnostics",  # extra logging (eval mode, own generator: no effect on training)
     "callbacks.full_checkpoint", "callbacks.preemption",  # when state is saved, not what is trained
 )
+# Keys added after runs were named, at the value that behaves as before: left out of the identity at
+# that value, so the runs named before the key existed are still found (continued or skipped).
+NEUTRAL = {
+    "callbacks.stall.stop_after": None,  # stopping stalled runs early (off)
+}
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
 
@@ -103,10 +108,22 @@ def _drop(tree: dict, dotted: str) -> None:
     tree.pop(leaf, None)
 
 
+def _get(tree: dict, dotted: str, missing: Any) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return missing
+        tree = tree[part]
+    return tree
+
+
 def identity(cfg: Any) -> dict:
     out = _plain(cfg)
     for key in NOT_IDENTITY:
         _drop(out, key)
+    missing = object()
+    for key, neutral in NEUTRAL.items():
+        if _get(out, key, missing) == neutral:
+            _drop(out, key)
     return out
 
 

@@ -20,6 +20,13 @@ and the token counts are reduced over ranks). p is counted from the targets of t
 trained on. A stalled run keeps its scores (it is scored like a completed one) and results.json
 gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
 `stall_reason`; the report counts it like a diverged run. Off: `callbacks.stall.margin: null`.
+
+Stopping early (`stop_after: N`, on in the study presets): the criterion is also checked every
+`window` optimizer steps during training (one reduction and host read per check, none between);
+once it has held at every check for N steps the run stops there, `status: stalled` with
+`stall_detected_step` and `stopped_at_step`, and is scored like any stalled run. A curve that
+starts falling again before then clears the detection (deep post-norm can sit on a plateau and
+then learn). null: decided only when training ends, as above.
 """
 from __future__ import annotations
 
@@ -54,9 +61,14 @@ def is_stalled(losses: list[float], floor: float, window: int, patience: int, ma
 
 class StallGuard(L.Callback):
     def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
-                 min_delta: float = 0.05, after_step: int = 0):
+                 min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None):
         if window < 1 or patience < 1:
             raise ValueError(f"callbacks.stall.window={window!r} and patience={patience!r} must be >= 1")
+        if stop_after is not None and stop_after < 0:
+            raise ValueError(f"callbacks.stall.stop_after={stop_after!r} must be >= 0 (or null: never stop early)")
+        self.stop_after = stop_after
+        self.detected: int | None = None  # first step of the current run of checks that found a stall
+        self._checked = -1
         self.window, self.patience, self.margin, self.min_delta = window, patience, margin, min_delta
         self.after_step = after_step
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
@@ -76,10 +88,22 @@ class StallGuard(L.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if self.margin is not None and trainer.global_step > self.after_step and isinstance(loss, torch.Tensor):
             self.losses.append(loss.detach().float())
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.margin is None or self.counts is None or getattr(pl_module, "status", "completed") != "completed":
+        step = trainer.global_step
+        if (self.stop_after is None or self.margin is None or step == self._checked or step % self.window
+                or len(self.losses) < self.losses.maxlen or getattr(pl_module, "status", "completed") != "completed"):
             return
+        self._checked = step  # once per optimizer step (accumulation calls this per micro-batch)
+        stall = self._decide(trainer, pl_module)
+        if stall is None:
+            self.detected = None
+            return
+        self.detected = step if self.detected is None else self.detected
+        if step - self.detected >= self.stop_after:
+            self._mark(pl_module, dict(stall, stall_detected_step=self.detected, stopped_at_step=step))
+            trainer.should_stop = True
+
+    def _decide(self, trainer, pl_module) -> dict | None:
+        """The stall record if the criterion holds now (one reduction over ranks), else None."""
         o = getattr(pl_module, "optim_cfg", {})
         counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum")
         floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
@@ -87,15 +111,28 @@ class StallGuard(L.Callback):
         losses = trainer.strategy.reduce(torch.stack(list(self.losses)), reduce_op="mean").tolist() if self.losses else []
         reason = is_stalled(losses, floor, self.window, self.patience, self.margin, self.min_delta)
         if reason and all(math.isfinite(x) for x in losses):
-            pl_module.status = "stalled"
-            pl_module.stall = {"stall_loss": sum(losses[-self.window:]) / self.window,
-                               "input_independent_loss": floor, "stall_reason": reason}
-            pl_module.print(f"training stalled: {reason}")
+            return {"stall_loss": sum(losses[-self.window:]) / self.window, "input_independent_loss": floor,
+                    "stall_reason": reason}
+        return None
+
+    def _mark(self, pl_module, stall: dict) -> None:
+        pl_module.status = "stalled"
+        pl_module.stall = stall
+        stopped = f"; stopped at step {stall['stopped_at_step']}" if "stopped_at_step" in stall else ""
+        pl_module.print(f"training stalled: {stall['stall_reason']}{stopped}")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.margin is None or self.counts is None or getattr(pl_module, "status", "completed") != "completed":
+            return
+        stall = self._decide(trainer, pl_module)
+        if stall is not None:
+            self._mark(pl_module, stall)
 
     def state_dict(self) -> dict:
         return {"losses": [float(x) for x in self.losses],
-                "counts": None if self.counts is None else self.counts.cpu()}
+                "counts": None if self.counts is None else self.counts.cpu(), "detected": self.detected}
 
     def load_state_dict(self, state: dict) -> None:
         self.losses.extend(torch.tensor(x) for x in state.get("losses", []))
         self.counts = state.get("counts")
+        self.detected = state.get("detected")

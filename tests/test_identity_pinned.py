@@ -1,0 +1,38 @@
+"""Upgrades do not orphan runs: the names (identity hashes) of today's configs are pinned, so a sweep or
+study started before a change continues after it. Values computed with the release of 2026-11-22
+(4e4bf1d); a key added since at its neutral value (identity.NEUTRAL) leaves them unchanged.
+A failure here means rerunning an old command would train its run again in a new folder: keep
+the old identity (add the new key to identity.NEUTRAL) instead of updating the pin."""
+import pytest
+from hydra import compose, initialize_config_dir
+
+from normlab import identity
+
+from conftest import CONF
+
+PINNED = [
+    ([], "pre_ln-xavier-none-e3d3-s1-a59cc368"),
+    (['norm=postnorm'], "post_ln-xavier-none-e3d3-s1-c4a44410"),
+    (['+arm=admin', 'model.encoder_layers=18', 'model.decoder_layers=18'], "post_ln-admin-none-e18d18-s1-2af425b4"),
+    (['regularizer=layerdrop', 'model.encoder_layers=6', 'model.decoder_layers=6'], "pre_ln-xavier-layerdrop0.2-e6d6-s1-eb66f56d"),
+    (['regularizer=drophead', 'callbacks.drophead_schedule.schedule=constant'], "pre_ln-xavier-drophead0.2-e3d3-s1-f04cf34c"),
+    (['experiment=deep_stack', '+arm=dlcl_post', 'seed=2'], "post_ln-xavier-dlcl-none-e18d18-s2-11f2a7ad"),
+    (['norm=scalenorm_fixnorm', 'optim.warmup=0'], "pre_scalenorm_fixnorm-xavier-none-e3d3-s1-d1e673f4"),
+    (['model=base', 'trainer=gpu'], "pre_ln-xavier-none-e6d6-s1-f43df415"),
+    (['data=bible_fr_en', 'model=small'], "pre_ln-xavier-none-e6d6-s1-cc38be27"),
+]
+
+
+@pytest.mark.parametrize("overrides, name", PINNED)
+def test_run_names_of_todays_configs_are_pinned(overrides, name):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    assert identity.run_name(cfg) == name
+
+
+def test_a_new_key_at_its_neutral_value_keeps_the_identity():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        base = compose(config_name="config", overrides=[])
+        on = compose(config_name="config", overrides=["callbacks.stall.stop_after=100"])
+    assert identity.identity_hash(on) != identity.identity_hash(base)
+    assert base.callbacks.stall.stop_after is None and identity.run_name(base) == PINNED[0][1]
