@@ -268,7 +268,8 @@ def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
 
 
 def test_output_change_probe_study(tmp_path):
-    """The probe study: a record per arm and seed whose growth is log(change at N_max / at N_min),
+    """The probe study: a record per arm and seed whose growth is the log-log slope (with two depths:
+    log(change at N_max / at N_min) / log(N_max / N_min)),
     each cell's spread over seeds in the README, and a rerun that measures nothing."""
     args = ["output_change", "study.budget=smoke", "--out", str(tmp_path / "out")]
     r = run_study(args)
@@ -280,10 +281,22 @@ def test_output_change_probe_study(tmp_path):
 
     for rec in recs["post_ln"]:
         res = rec.results
-        assert res["growth_decoder"] == pytest.approx(math.log(res["change_decoder_N4"] / res["change_decoder_N2"]))
+        ratio = res["change_decoder_N4"] / res["change_decoder_N2"]
+        assert res["ratio_decoder"] == pytest.approx(ratio)
+        assert res["growth_decoder"] == pytest.approx(math.log(ratio) / math.log(2))
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "## Output change at init, decoder output (mean ± sd over 2 seeds" in readme
     assert (tmp_path / "out" / "output_change.png").is_file()
     assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
     r = run_study(args)
     assert r.returncode == 0 and "24 probes, 0 to run" in r.stdout
+
+
+def test_every_training_study_names_a_paper_size_sweep_that_exists():
+    sweeps = {p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")}
+    for name in STUDIES:
+        study = load_study(name)
+        cmd = study.paper_preset.get("command", "")
+        used = re.findall(r"\+sweep=(\w+)", cmd)
+        assert used and set(used) <= sweeps, (name, cmd)
+        assert "GPU" in study.paper_preset.get("cost", "")

@@ -4,10 +4,11 @@ change ‖F(x;W) − F(x;W*)‖ of the encoder and decoder outputs under W* = W 
 (normlab.probes), on one fixed batch of the bundled training data, and relative to ‖F(x;W)‖.
 
 Each (arm, seed) is one record, like a training run's: `change_{encoder,decoder}_N<n>`,
-`relative_{encoder,decoder}_N<n>` and the growth from the smallest to the largest depth,
-`growth_{encoder,decoder}` = log(change at N_max / change at N_min) (log: the t interval over seeds
-of a ratio is better behaved in log space; post-norm's O(N) growth from 2 to 36 layers is log 18 =
-2.9, O(log N) growth is log(log 36 / log 2) = 1.6).
+`relative_{encoder,decoder}_N<n>`, `ratio_{encoder,decoder}` = change at N_max / change at N_min,
+and `growth_{encoder,decoder}`: the least-squares slope of log(change) on log(N) over every depth,
+i.e. the exponent k of change ~ N^k. O(N) growth has k = 1; O(log N) growth has a local exponent
+1 / ln N, 0.3-0.5 over 2..36 layers; a bounded change has k ~ 0. A slope over all depths is less
+noisy per seed than the two end points alone.
 """
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from pathlib import Path
 
 from normlab.study.spec import Arm, Study
 
+METRICS_VERSION = 2  # 2: growth is the log-log slope over every depth (1: log of the end points' ratio)
+
 
 def probe_identity(study: Study, arm: Arm, seed: int) -> str:
-    text = json.dumps({"probe": study.probe, "model": arm.model, "seed": seed}, sort_keys=True)
+    text = json.dumps({"probe": study.probe, "model": arm.model, "seed": seed, "metrics": METRICS_VERSION},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
@@ -64,9 +68,20 @@ def measure(study: Study, arm: Arm, seed: int, tok, probe_batch, profile) -> dic
             out[f"relative_{side}_N{n}"] = change[side] / size[side]
     lo, hi = min(p["depths"]), max(p["depths"])
     for side in ("encoder", "decoder"):
-        a, b = out[f"change_{side}_N{lo}"], out[f"change_{side}_N{hi}"]
-        out[f"growth_{side}"] = math.log(b / a) if a > 0 and b > 0 else None
+        ys = [out[f"change_{side}_N{n}"] for n in p["depths"]]
+        out[f"ratio_{side}"] = ys[-1] / ys[0] if ys[0] > 0 else None
+        out[f"growth_{side}"] = loglog_slope(p["depths"], ys)
     return out
+
+
+def loglog_slope(depths: list[int], ys: list[float]) -> float | None:
+    """k of y ~ N^k: least squares of log y on log N."""
+    if len(depths) < 2 or min(ys) <= 0:
+        return None
+    x = [math.log(n) for n in depths]
+    y = [math.log(v) for v in ys]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
 
 
 def output_norms(model, src, tgt_in) -> dict[str, float]:
