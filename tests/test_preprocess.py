@@ -306,3 +306,34 @@ def test_cli_writes_a_folder_train_can_use_and_errors_are_one_line(small_corpus,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "dir.de"]  # the failures wrote nothing
     rc, err = run_cli(*base, "--out", out, "--force", "--vocab-size", 280)
     assert rc == 0 and DataFolder.open(out).tokenizer.vocab_size == 280
+
+
+def test_force_never_deletes_what_preprocess_did_not_write(small_corpus, tmp_path):
+    """--force over the folder that holds the input corpus, over an unrelated folder or over a plain
+    file: one error line, exit 2, every file still there (was: the inputs and a file beside them
+    deleted); over a data folder preprocess wrote: replaced."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(Path(small_corpus["train_src"]).parent, corpus)
+    (corpus / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in corpus.iterdir())
+    base = ["--trainpref", corpus / "train", "--validpref", corpus / "valid", "--testpref", corpus / "test",
+            "--src-lang", "de", "--tgt-lang", "en", "--vocab-size", 300, "-q", "--workers", 1, "--force"]
+    code, err = run_cli(*base, "--out", corpus)
+    assert code == 2 and err == (f"error: {corpus}: holds the input file {corpus / 'train.de'}; --force would "
+                                 "delete it (write the data folder elsewhere)\n")
+    assert sorted(p.name for p in corpus.iterdir()) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("keep")
+    code, err = run_cli(*base, "--out", other)
+    assert code == 2 and err.startswith(f"error: {other}: not a normlab data folder") and len(err.splitlines()) == 1
+    assert (other / "keep.txt").read_text() == "keep"
+    plain = tmp_path / "plain.bin"
+    plain.write_text("data")
+    code, err = run_cli(*base, "--out", plain)
+    assert code == 2 and err.startswith(f"error: {plain}: is a file, not a data folder")
+    assert plain.read_text() == "data" and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))  == []
+    out = tmp_path / "bin"
+    assert run_cli(*base, "--out", out)[0] == 0 and run_cli(*base, "--out", out)[0] == 0  # a data folder: replaced
+    assert DataFolder.open(out).manifest["splits"]["train"]["pairs"] == 600
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no .old / .tmp leftovers

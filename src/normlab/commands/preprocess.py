@@ -26,7 +26,7 @@ from pathlib import Path
 # import this module again (as __mp_main__), and the command should start in a fraction of a second.
 from normlab.data.corpus import CorpusError
 from normlab.errors import CommandParser, UserError
-from normlab.data.preprocess import SPLITS, SpmSettings, preprocess
+from normlab.data.preprocess import SPLITS, SpmSettings, check_replaceable, preprocess
 
 PROG = "python -m normlab.commands.preprocess"
 
@@ -105,6 +105,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UsageError(f"{out}: exists; pass --force to replace it")
+    if out.exists():  # before any work: --force never deletes what preprocess did not write
+        check_replaceable(out, [p for pair in files.values() for p in pair])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from normlab.data.tokenizer import Tokenizer
 

@@ -181,7 +181,7 @@ def cached_folder(files: dict[str, tuple[str | Path, str | Path]], cache_dir: Pa
             # force only replaces a folder without a manifest (never written by preprocess); a
             # builder on another machine that published first is kept
             preprocess(files, folder, spm, tokenizer, workers=workers, progress=progress, name=name,
-                       src_lang=src_lang, tgt_lang=tgt_lang, force=folder.exists())
+                       src_lang=src_lang, tgt_lang=tgt_lang, force=folder.exists(), own_cache=True)
     return DataFolder.open(folder, check_inputs=False)  # the key already covers the inputs
 
 

@@ -57,13 +57,17 @@ class SpmSettings:
 def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path, spm: SpmSettings | None = None,
                tokenizer: Tokenizer | None = None, workers: int = 1, progress: bool = False,
                command: str | None = None, name: str | None = None, src_lang: str = "src", tgt_lang: str = "tgt",
-               force: bool = False) -> dict:
+               force: bool = False, own_cache: bool = False) -> dict:
     """Write the data folder `out` from {split: (source file, target file)}; returns its manifest.
-    `tokenizer` given: used as is; else one is trained with `spm`."""
+    `tokenizer` given: used as is; else one is trained with `spm`. `force` replaces `out` only if it
+    is a normlab data folder (its manifest says so) or empty (`own_cache`: a folder of normlab's own
+    cache), never a folder that holds an input file."""
     out = Path(out)
     name = name or out.name
     if out.exists() and not force:
         raise CorpusError(f"{out}: exists (pass --force to replace it)")
+    if out.exists():
+        check_replaceable(out, [p for pair in files.values() for p in pair], own_cache)
     t0 = time.perf_counter()
     infos = {(split, side): scan(files[split][i]) for split in SPLITS for i, side in enumerate(SIDES)}
     for split in SPLITS:
@@ -241,6 +245,28 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
         if pool is not None:
             pool.terminate()
     return splits, arrays, texts
+
+
+def check_replaceable(out: Path, inputs: list, own_cache: bool = False) -> None:
+    """--force deletes `out`: refuse anything but a data folder preprocess wrote (or an empty folder),
+    and any folder that holds one of the inputs."""
+    resolved = out.resolve()
+    for p in inputs:
+        if resolved in Path(p).resolve().parents:
+            raise CorpusError(f"{out}: holds the input file {p}; --force would delete it (write the data folder "
+                              "elsewhere)")
+    if not out.is_dir():
+        raise CorpusError(f"{out}: is a file, not a data folder; --force replaces only a folder that preprocess "
+                          "wrote (allowed: a new path, or a normlab data folder)")
+    if own_cache or not any(out.iterdir()):
+        return
+    try:
+        fmt = json.loads((out / MANIFEST).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != "normlab data folder":
+        raise CorpusError(f"{out}: not a normlab data folder (no {MANIFEST} written by preprocess); --force replaces "
+                          "only those (allowed: a new path, or a normlab data folder)")
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
