@@ -191,14 +191,17 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     index.write_text(f"# Studies\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n")
     (tmp_path / "s1").mkdir()
     (tmp_path / "s1" / "claims.json").write_text(json.dumps({"study": "s1", "budget": "full", "claims": [
-        {"claim": "X beats Y", "source": "P", "paper": "+1", "verdict": "held",
-         "difference": {"mean": 1.5, "low": 0.5, "high": 2.5}}]}))
+        {"claim": "X beats Y", "source": "P", "paper": "+1", "verdict": "held", "better": "x", "than": "y",
+         "metric": "test_bleu", "difference": {"mean": 1.5, "low": 0.5, "high": 2.5, "method": "t over 3 paired seeds"}},
+        {"claim": "Y fails", "source": "P", "paper": "failed", "verdict": "not run", "better": "y", "than": None,
+         "metric": "test_bleu", "statuses": {"y": {}}, "difference": None}]}))
     (tmp_path / "s2").mkdir()
     (tmp_path / "s2" / "claims.json").write_text(json.dumps({"study": "s2", "budget": "smoke", "claims": []}))
     update_index(index)
     text = index.read_text()
     assert "intro" in text and "after" in text and "old" not in text
-    assert "| [s1](s1/) | X beats Y | P | +1 | +1.50 [0.50, 2.50] | **held** |" in text
+    assert "| [s1](s1/) | X beats Y (x vs y, test_bleu) | P | +1 | +1.50 [0.50, 2.50] (t) | **held** |" in text
+    assert "| [s1](s1/) | Y fails (y, test_bleu) | P | failed | y: not run | **not run** |" in text
 
 
 def run_study(args, timeout=300, **kw):

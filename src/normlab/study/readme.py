@@ -54,8 +54,7 @@ def verdict_cell(v: Verdict) -> str:
     if v.claim.kind in ("fails", "trains"):
         return ", ".join(f"{k} {n}" for k, n in v.statuses.get(v.better, {}).items()) or "no runs"
     if iv is None:
-        return "; ".join(f"{a}: {', '.join(f'{k} {n}' for k, n in st.items()) or 'no runs'}"
-                         for a, st in v.statuses.items())
+        return status_text(v.statuses)
     ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv.low is not None else "[no interval]"
     return f"{iv.diff:+.2f} {ci} ({iv.method})"
 
@@ -179,19 +178,28 @@ def _plots(study: Study, by_arm: dict[str, list[Record]], out: Path) -> list[tup
     return made
 
 
+def status_text(statuses: dict) -> str:
+    return "; ".join(f"{arm}: {', '.join(f'{k} {n}' for k, n in st.items()) or 'not run'}"
+                     for arm, st in statuses.items())
+
+
 def update_index(index: Path) -> None:
     """Rewrite the claims table of experiments/README.md from every study's claims.json."""
-    rows = ["| study | claim | source | paper | ours (95% interval) | verdict |", "|---|---|---|---|---|---|"]
+    rows = ["| study | claim (A vs B, metric) | source | paper | ours: A − B (95% interval) | verdict |",
+            "|---|---|---|---|---|---|"]
     for path in sorted(index.parent.glob("*/claims.json")):
         data = json.loads(path.read_text())
         if data.get("budget") != "full":
             continue
         for c in data["claims"]:
             d = c.get("difference")
-            ours = (f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}]" if d and d.get("low") is not None
-                    else ", ".join(f"{a}: {st}" for a, st in (c.get("statuses") or {}).items()))
-            rows.append(f"| [{data['study']}]({path.parent.name}/) | {c['claim']} | {c['source']} | {c['paper']} | "
-                        f"{ours} | **{c['verdict']}** |")
+            if d and d.get("low") is not None:
+                ours = f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]})"
+            else:
+                ours = status_text(c.get("statuses") or {})
+            who = f"{c['better']} vs {c['than']}" if c.get("than") else c["better"]
+            rows.append(f"| [{data['study']}]({path.parent.name}/) | {c['claim']} ({who}, {c['metric']}) | "
+                        f"{c['source']} | {c['paper']} | {ours} | **{c['verdict']}** |")
     table = "\n".join([BEGIN, *rows, END])
     text = index.read_text() if index.is_file() else "# Studies\n"
     if BEGIN in text and END in text:
