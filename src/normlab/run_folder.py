@@ -14,7 +14,11 @@ name and the W&B run id. Rerunning a command finds the folder from the identity 
 from __future__ import annotations
 
 import csv
+import fcntl
 import functools
+import os
+import socket
+from contextlib import contextmanager
 import hashlib
 import json
 import logging
@@ -186,6 +190,47 @@ def prepare(run_dir: Path, ident: dict, ident_hash: str, name: str, retrain: boo
     if rank_zero:
         write_json(run_dir / RUN_FILE, out.record)
     return out
+
+
+# ---------------------------------------------------------------- one process per run folder
+
+LOCK_FILE = ".lock"
+
+
+class RunFolderInUse(ConfigError):
+    """Another process holds the run folder: nothing of this attempt is written into it."""
+
+
+@contextmanager
+def locked(run_dir: Path, rank_zero: bool = True):
+    """Hold the run folder for this process: a second copy of the same command (same identity, so
+    the same folder) stops with one line naming the holder instead of training into the same files.
+    An OS lock (flock): a killed holder's lock is released by the kernel and taken over by the next
+    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder."""
+    if not rank_zero:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunFolderInUse(f"{run_dir}: in use by {holder} (the same run started twice); wait for it to end or "
+                          "stop it, then rerun to continue") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+             .encode())
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)  # while still held: no other process can take a lock on a file about to vanish
+        except OSError:
+            pass
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- one continuous CSV history

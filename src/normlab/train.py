@@ -29,8 +29,8 @@ from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
-from normlab.run_folder import (csv_histories, hydra_choices, prepare, readable, restore_csv_histories, run_dir_of,
-                                start_checkpoint_path)
+from normlab.run_folder import (csv_histories, hydra_choices, locked, prepare, readable, restore_csv_histories,
+                                run_dir_of, start_checkpoint_path)
 
 log = logging.getLogger("normlab")
 
@@ -109,6 +109,12 @@ def _plugins() -> list:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train and score one run; its folder is held by this process throughout (run_folder.locked)."""
+    with locked(run_dir_of(cfg), _rank_zero()):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
     apply_checkpoint_model(cfg)
     validate_run_config(cfg)  # fails before any data is read, naming the key

@@ -64,10 +64,14 @@ def task(cfg: DictConfig) -> float | None:
         console_setup()  # before the Trainer prints its first lines
         results = run(cfg)
     except Exception as err:
+        from normlab.run_folder import RunFolderInUse
+
         run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
         single = not is_multirun_job()
-        if not (single and isinstance(err, train_user_errors()) and run_dir is not None
-                and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
+        if isinstance(err, RunFolderInUse):  # the folder is another process's: write nothing there
+            pass
+        elif not (single and isinstance(err, train_user_errors()) and run_dir is not None
+                  and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
             record_failure(cfg, err)  # results.json status failed; a multirun goes on
         if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
             _failed.append(err)
