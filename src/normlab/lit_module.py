@@ -1,8 +1,13 @@
 """Seq2SeqModule: the LightningModule that trains and scores a Seq2SeqTransformer.
 
 Loss: label-smoothed cross-entropy summed over target tokens and divided by the number of
-target tokens in the *global* batch (all ranks), as fairseq does, so DDP over k ranks gives
-the same gradient as one process over the same k batches.
+target tokens of the whole *update* (all ranks, all accumulated micro-batches), as fairseq does,
+so DDP over k ranks, k accumulated micro-batches and one process on the union batch give the same
+gradient. Without accumulation each step divides by the global token count directly; with it the
+token count of the later micro-batches is not known at the first backward, so each micro-batch
+back-propagates its summed loss and the accumulated gradient is divided by the update's token
+count once, before clipping and the optimizer step (on_before_optimizer_step; fairseq's
+multiply_grads).
 Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; test: sacreBLEU.
 """
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Seq2SeqModule(L.LightningModule):
         self.log_scores, self.score_suffix, self.score_keys = True, "", None
         self.score_label: str | None = None  # the text line's label instead of "step N <split>"
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
+        self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
         self._reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
@@ -70,18 +76,46 @@ class Seq2SeqModule(L.LightningModule):
         # on the steps the logger writes (the progress bar reads logged tensors back at every step).
         loss, nll, ntok = self._loss(batch)
         n = max(ntok, 1)
-        norm = float(n)
-        if _dist():  # normalise by the global token count; DDP then averages over ranks
-            t = torch.tensor(float(ntok), device=loss.device)
-            dist.all_reduce(t)
-            norm = t.clamp(min=1.0) / dist.get_world_size()
         self._train_tokens += ntok
         self.last_train_stats = (loss.detach(), nll.detach(), ntok)  # sums: the text log line (callbacks/progress.py)
         if self._logging_step():
             self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
                           batch_size=n)
             self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
+        if self._accumulation() > 1:  # summed loss; on_before_optimizer_step divides by the update's tokens
+            self._update_tokens += ntok
+            return {"loss": loss, "token_loss": loss.detach() / n}
+        norm = float(n)
+        if _dist():  # normalise by the global token count; DDP then averages over ranks
+            t = torch.tensor(float(ntok), device=loss.device)
+            dist.all_reduce(t)
+            norm = t.clamp(min=1.0) / dist.get_world_size()
         return loss / norm
+
+    def _accumulation(self) -> int:
+        trainer = self._trainer
+        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Under accumulation: grad = sum over the update's micro-batches and ranks of the summed loss's
+        gradient / the update's target tokens. Lightning has divided each micro-batch's loss by K and DDP
+        averaged over W ranks, so the gradients are multiplied by K * W / tokens (a device tensor under
+        DDP: no host sync)."""
+        k = self._accumulation()
+        if k == 1:
+            return
+        tokens = float(max(self._update_tokens, 0))
+        self._update_tokens = 0
+        world = dist.get_world_size() if _dist() else 1
+        if _dist():
+            t = torch.tensor(tokens, device=self.device)
+            dist.all_reduce(t)
+            scale = (k * world) / t.clamp(min=1.0)
+        else:
+            scale = (k * world) / max(tokens, 1.0)
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
 
     def _logging_step(self) -> bool:
         connector = getattr(self._trainer, "_logger_connector", None)  # None outside Trainer.fit

@@ -11,6 +11,8 @@ Rules (either stops the run):
   for `patience` consecutive steps is divergence then.
 - explosion: after `after_step` optimizer steps, the loss stays above `factor` × (lowest loss
   seen so far) for `patience` consecutive steps. `factor: null` disables the rule.
+The loss of a step is its per-token training loss, the mean over the step's accumulated
+micro-batches: every rule counts optimizer steps, with or without gradient accumulation.
 
 On divergence the callback sets `pl_module.status = "diverged"` and `pl_module.divergence =
 {diverged_step, last_finite_loss, divergence_reason}`; train.run copies both into results.json,
@@ -29,10 +31,11 @@ from typing import Any
 import lightning as L
 import torch
 
+from normlab.callbacks.stall import update_loss
 
-def _loss_value(outputs: Any) -> float | None:
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    return float(loss.detach()) if isinstance(loss, torch.Tensor) else None
+
+def _loss_value(loss: Any) -> float | None:
+    return float(loss) if isinstance(loss, torch.Tensor) else None
 
 
 class DivergenceGuard(L.Callback):
@@ -49,6 +52,7 @@ class DivergenceGuard(L.Callback):
         self.nonfinite = 0  # consecutive non-finite losses
         self.overflow_steps = 0  # steps the fp16 loss scaler skipped
         self._step = 0
+        self._pending: list = []  # per-token losses of the current update's micro-batches
 
     @staticmethod
     def _scaler(trainer):
@@ -71,7 +75,10 @@ class DivergenceGuard(L.Callback):
                     p.grad = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = _loss_value(outputs)
+        update = update_loss(self._pending, outputs, trainer.global_step != self._step)
+        if update is None and isinstance(outputs, (dict, torch.Tensor)):
+            return  # within an update (gradient accumulation): the rules count optimizer steps
+        loss = _loss_value(update)
         reason = None
         scaler = self._scaler(trainer)
         if scaler is not None:

@@ -15,7 +15,8 @@ Criterion, decided when training ends (trainer.fit returns), with `w` = window, 
                 mean(loss of the last w steps) > L* − margin          (no better than ignoring the input)
                 mean(loss of the w steps ending k steps earlier) − mean(last w) < min_delta
                                                                         (and no longer improving).
-The loss is the training loss of each step (label-smoothed, per target token; under DDP the means
+The loss is the training loss of each optimizer step (label-smoothed, per target token, the mean over
+the step's accumulated micro-batches; windows count optimizer steps; under DDP the means
 and the token counts are reduced over ranks). p is counted from the targets of the batches this run
 trained on. A stalled run keeps its scores (it is scored like a completed one) and results.json
 gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
@@ -59,6 +60,24 @@ def is_stalled(losses: list[float], floor: float, window: int, patience: int, ma
     return None
 
 
+def update_loss(pending: list, outputs, update_done: bool) -> torch.Tensor | None:
+    """The per-token training loss of an optimizer step: the mean over its micro-batches (one under
+    no accumulation), a 0-dim tensor (no host sync); None until the update's last micro-batch. Reads
+    `token_loss` (lit_module's per-token loss under accumulation, where Lightning's `loss` is the
+    accumulation-scaled summed loss), else `loss`."""
+    if isinstance(outputs, dict):
+        loss = outputs.get("token_loss", outputs.get("loss"))
+    else:
+        loss = outputs
+    if isinstance(loss, torch.Tensor):
+        pending.append(loss.detach().float())
+    if not update_done or not pending:
+        return None
+    out = torch.stack(pending).mean() if len(pending) > 1 else pending[0]
+    pending.clear()
+    return out
+
+
 class StallGuard(L.Callback):
     def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
                  min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None):
@@ -69,12 +88,15 @@ class StallGuard(L.Callback):
         self.stop_after = stop_after
         self.detected: int | None = None  # first step of the current run of checks that found a stall
         self._checked = -1
+        self._pending: list = []  # per-token losses of the current update's micro-batches
+        self._start_step = -1
         self.window, self.patience, self.margin, self.min_delta = window, patience, margin, min_delta
         self.after_step = after_step
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
         self.counts: torch.Tensor | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start_step = trainer.global_step
         if self.margin is None:
             return
         tgt = batch["tgt_out"]
@@ -85,9 +107,11 @@ class StallGuard(L.Callback):
         self.counts += torch.bincount(tokens, minlength=self.counts.numel())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if self.margin is not None and trainer.global_step > self.after_step and isinstance(loss, torch.Tensor):
-            self.losses.append(loss.detach().float())
+        loss = update_loss(self._pending, outputs, trainer.global_step != self._start_step)
+        if loss is None:  # within an update (gradient accumulation): wait for its last micro-batch
+            return
+        if self.margin is not None and trainer.global_step > self.after_step:
+            self.losses.append(loss)
         step = trainer.global_step
         if (self.stop_after is None or self.margin is None or step == self._checked or step % self.window
                 or len(self.losses) < self.losses.maxlen or getattr(pl_module, "status", "completed") != "completed"):
