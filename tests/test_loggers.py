@@ -41,7 +41,7 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
     real_finish = wandb.finish
     monkeypatch.setattr(wandb, "finish", lambda: None)  # read the summary before the run closes
     finish_loggers([logger], {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
-    assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and "choices" not in run.summary.keys()
+    assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and run.summary["choices"]["norm"] == "x"
     monkeypatch.setattr(wandb, "finish", real_finish)
     wandb.finish()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
@@ -57,9 +57,13 @@ def test_env_wins_over_config(tmp_path, monkeypatch):
 
 
 def test_summary_keys_mirror_results():
-    results = {"status": "completed", "valid_bleu": 12.5, "test_bleu_avg": 3.0, "steps": 8, "decoders": {}}
-    # every score under one key, the logged series' (no valid_bleu beside valid/bleu)
-    assert wandb_summary(results) == {"status": "completed", "steps": 8, "valid/bleu": 12.5, "test/bleu_avg": 3.0}
+    results = {"status": "completed", "valid_bleu": 12.5, "test_bleu_avg": 3.0, "steps": 8, "decoders": {"beam": 4},
+               "train_tokens_per_s": 7000.0, "labels": {"norm": "pre_ln"}}
+    # every score under one key, the logged series' (no valid_bleu beside valid/bleu, no throughput
+    # under two keys); non-scalars too
+    assert wandb_summary(results) == {"status": "completed", "steps": 8, "valid/bleu": 12.5, "test/bleu_avg": 3.0,
+                                      "decoders": {"beam": 4}, "train/tokens_per_s": 7000.0,
+                                      "labels": {"norm": "pre_ln"}}
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +104,9 @@ def test_one_score_per_key_and_wandb_summary_equals_results(three_logger_run):
         assert logged.count(key) == 1, key
     assert logged.count("valid/bleu") == 2  # once per validation (steps 4 and 8), not again for the final scoring
     for key, value in results.items():  # key for key, and the logged series where results.json has them
-        if isinstance(value, (str, int, float, bool)):
-            score = key.startswith(("valid_", "test_"))
-            assert summary[key.replace("_", "/", 1) if score else key] == value, key
-            assert not score or key not in summary, key  # one key per score
+        score = key.startswith(("valid_", "test_", "train_"))
+        assert summary[key.replace("_", "/", 1) if score else key] == value, key  # non-scalars included
+        assert not score or key not in summary, key  # one key per score
     last = {k: v for h in history for k, v in h.items() if k.startswith("test/")}
     # Lightning logs float32: the series agree with results.json to float32 precision
     assert last == pytest.approx({k: results[k.replace("/", "_", 1)] for k in last}, rel=1e-6)

@@ -49,13 +49,16 @@ def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group
     return loggers
 
 
+SERIES_PREFIXES = ("valid", "test", "train")  # results.json keys that are also a logged series' name
+
+
 def wandb_summary(results: dict) -> dict:
-    """results.json's scalars, each under one key: a score under the key of its logged series
-    (valid_bleu -> valid/bleu, test_bleu_avg -> test/bleu_avg), set to results.json's value (the
-    scored checkpoint's, as W&B's docs do for a best value); everything else under its own key.
-    `report --wandb` maps the `/` back, so the summary reads as results.json."""
-    scalars = {k: v for k, v in results.items() if isinstance(v, (str, int, float, bool)) or v is None}
-    return {k.replace("_", "/", 1) if k.split("_", 1)[0] in ("valid", "test") else k: v for k, v in scalars.items()}
+    """Every results.json value (labels, choices, decoders and the other non-scalars included), each
+    under one key: a score under the key of its logged series (valid_bleu -> valid/bleu,
+    test_bleu_avg -> test/bleu_avg, train_tokens_per_s -> train/tokens_per_s), set to results.json's
+    value (the scored checkpoint's, or the whole run's throughput); everything else under its own
+    key. `report --wandb` maps the `/` back, so the summary reads as results.json."""
+    return {k.replace("_", "/", 1) if k.split("_", 1)[0] in SERIES_PREFIXES else k: v for k, v in results.items()}
 
 
 def finish_loggers(loggers: list, results: dict | None = None) -> None:
