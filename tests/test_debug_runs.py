@@ -49,3 +49,15 @@ def test_debug_options_compose():
         cfg = compose_cfg([f"debug={option}"])
         assert cfg.trainer[key] == value and set(cfg.logger) == {"csv"} and list(cfg.tags) == ["debug"]
     assert compose_cfg(["debug=overfit"]).data.shuffle is False
+
+
+def test_partial_is_kept_for_every_pass(small_corpus, tmp_path):
+    """With the greedy and averaged test passes on, results.json's `partial` names every pass that
+    scored part of its split (was: the last pass's dict replaced the beam pass's, so a partial test
+    BLEU read as a full one)."""
+    results, _ = debug_run("limit", small_corpus, tmp_path, "trainer.max_steps=4", "trainer.val_check_interval=2",
+                           "eval.test_greedy=true", "eval.test_average=true", "eval.test_decoder.beam=2",
+                           "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5",
+                           "callbacks.step_checkpoints.every_n_steps=1", "callbacks.step_checkpoints.keep_last_n=2")
+    assert isinstance(results["test_bleu_greedy"], float) and isinstance(results["test_bleu_avg"], float)
+    assert set(results["partial"]) == {"valid", "test", "test_greedy", "test_avg"}

@@ -43,6 +43,16 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
     return result
 
 
+def merge_scores(out: dict, more: dict) -> dict:
+    """out.update(more), except `partial`, which is merged: every pass that scored part of its split
+    keeps its entry (a greedy or averaged pass must not erase the beam pass's)."""
+    partial = {**(out.get("partial") or {}), **(more.get("partial") or {})}
+    out.update(more)
+    if partial:
+        out["partial"] = partial
+    return out
+
+
 def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[str, Any]:
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
     if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stopped", "stalled"):
@@ -57,7 +67,7 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[st
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
         (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
-    out.update(extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
+    merge_scores(out, extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
 
 
@@ -73,7 +83,7 @@ def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, ru
             module.test_decode = beam_decode
     n = int(cfg.callbacks.step_checkpoints.get("keep_last_n") or 0)
     if cfg.eval.get("test_average", True) and n > 0:
-        out.update(_averaged_test(trainer, module, dm, run_dir, n))
+        merge_scores(out, _averaged_test(trainer, module, dm, run_dir, n))
     return out
 
 
