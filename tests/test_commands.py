@@ -254,3 +254,35 @@ def test_default_config_tests_like_the_papers():
     assert cfg.callbacks.step_checkpoints.keep_last_n == 5 and cfg.callbacks.step_checkpoints.every_n_steps > 0
     with pytest.raises(ConfigError, match="eval.test_decoder.beam"):
         validate_run_config(compose_cfg(["eval.test_decoder.beam=0"]))
+
+
+def test_average_last_names_the_file_by_what_it_averaged(trained, tmp_path, capsys):
+    """--last 50 on a run with fewer step checkpoints: the default output says how many it averaged."""
+    run_dir, _, _ = trained
+    n = len(step_checkpoints(run_dir))
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    for p in (copy / "checkpoints").glob("avg-last*.ckpt"):
+        p.unlink()
+    assert call(average.main, copy, "--last", 50) == 0
+    assert "only" in capsys.readouterr().out
+    assert [p.name for p in (copy / "checkpoints").glob("avg-last*.ckpt")] == [f"avg-last{n}.ckpt"]
+
+
+def test_translate_refuses_a_nul_byte_from_a_file_as_from_stdin(trained, tmp_path, capsys):
+    run_dir, _, _ = trained
+    src = tmp_path / "bin.de"
+    src.write_bytes(b"Im Anfang\nschuf\x00Gott\n")
+    assert call(translate.main, run_dir, "--input", src, *DECODE) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {src}:2: NUL byte: binary input, not text (translate reads UTF-8 text, one sentence per line)\n"
+
+
+def test_usage_names_the_console_script(monkeypatch):
+    from normlab.errors import CommandParser, UserError
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/normlab-translate"])
+    with pytest.raises(UserError, match=r"^normlab-translate: .*\(see normlab-translate --help\)"):
+        CommandParser(prog="python -m normlab.commands.translate").parse_args(["--bogus"])
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    assert CommandParser(prog="python -m normlab.commands.translate").prog == "python -m normlab.commands.translate"

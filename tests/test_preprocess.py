@@ -337,3 +337,6 @@ def test_force_never_deletes_what_preprocess_did_not_write(small_corpus, tmp_pat
     assert run_cli(*base, "--out", out)[0] == 0 and run_cli(*base, "--out", out)[0] == 0  # a data folder: replaced
     assert DataFolder.open(out).manifest["splits"]["train"]["pairs"] == 600
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no .old / .tmp leftovers
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder (was mkdtemp's 0700)

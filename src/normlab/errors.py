@@ -24,7 +24,14 @@ class UserError(Exception):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag like every other user error: one line, exit status 2."""
+    """argparse that reports a bad flag like every other user error: one line, exit status 2; its
+    usage line names the command as it was called (normlab-translate, or python -m ...)."""
+
+    def __init__(self, *args, prog: str | None = None, **kwargs):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        if prog and prog.startswith("python -m normlab.commands.") and script.startswith("normlab-"):
+            prog = script
+        super().__init__(*args, prog=prog, **kwargs)
 
     def error(self, message: str):
         raise UserError(self.prog, f"{message} (see {self.prog} --help)")

@@ -1,6 +1,6 @@
 """Average the parameters of several checkpoints into one (fairseq's average_checkpoints.py).
 
-    python -m normlab.commands.average RUN_DIR --last 5                       # -> RUN_DIR/checkpoints/avg-last5.ckpt
+    python -m normlab.commands.average RUN_DIR --last 5                       # -> RUN_DIR/checkpoints/avg-last5.ckpt (avg-lastK: K found)
     python -m normlab.commands.average RUN_DIR --last 5 --output avg.ckpt
     python -m normlab.commands.average a.ckpt b.ckpt c.ckpt --output avg.ckpt
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(paths) < args.last:
             print(f"warning: only {len(paths)} step checkpoints found, averaging those")
         ckdir = paths[-1].parent
-        output = Path(args.output or ckdir / f"avg-last{args.last}.ckpt")
+        output = Path(args.output or ckdir / f"avg-last{len(paths)}.ckpt")  # named by what it averages
     else:
         paths = [Path(p) for p in args.inputs]
         missing = [str(p) for p in paths if not p.is_file()]

@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = read_lines(args.input) if args.input else _stdin_lines()
     except CorpusError as e:
         raise CommandError(str(e)) from None
+    nul = next((i for i, line in enumerate(lines) if "\x00" in line), None)
+    if nul is not None:  # as on stdin: binary input is refused, not translated
+        raise CommandError(f"{args.input}:{nul + 1}", "NUL byte: binary input, not text (translate reads UTF-8 "
+                           "text, one sentence per line)")
     model, tok, _ = load(args.checkpoint, args.device)
     results = translate_lines(model, tok, lines, decoder, args.nbest, args.max_tokens,
                               progress=bool(args.input) and not args.quiet)

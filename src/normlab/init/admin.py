@@ -262,9 +262,8 @@ def export_post_norm(model: nn.Module, rtol: float = 1e-6, allow_inexact: bool =
             for lin in _input_linears(block.sublayer):
                 lin.weight.div_(omega)  # (out, in) / (in,): column j scaled by 1/ω_j
     if inexact and not allow_inexact:
-        raise ValueError("Admin -> post-norm export is not exact:\n  " +
-                         "\n  ".join(f"{n}: {r}" for n, r in inexact.items()) +
-                         "\n(pass allow_inexact=True / --allow-inexact to export an approximation)")
+        raise ValueError("Admin -> post-norm export is not exact (" + "; ".join(f"{n}: {r}" for n, r in inexact.items())
+                         + "); pass allow_inexact=True / --allow-inexact to export an approximation")
     cfg = copy.deepcopy(model.cfg)
     cfg.init = "xavier"
     plain = Seq2SeqTransformer(cfg)
