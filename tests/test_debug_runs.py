@@ -61,3 +61,20 @@ def test_partial_is_kept_for_every_pass(small_corpus, tmp_path):
                            "callbacks.step_checkpoints.every_n_steps=1", "callbacks.step_checkpoints.keep_last_n=2")
     assert isinstance(results["test_bleu_greedy"], float) and isinstance(results["test_bleu_avg"], float)
     assert set(results["partial"]) == {"valid", "test", "test_greedy", "test_avg"}
+
+
+def test_debug_runs_run_again_and_write_no_checkpoint(small_corpus, tmp_path, capsys):
+    """debug=fdr twice with the same command: both train (never 'already completed'), status debug,
+    and no checkpoint file anywhere in the run folder (was: full-step1.ckpt and last.ckpt)."""
+    from normlab.commands.train import main
+
+    run_dir = tmp_path / "run"
+    over = [o for o in tiny_overrides(small_corpus, run_dir, tmp_path / "cache") if not o.startswith("++run_dir")]
+    args = ["debug=fdr", *over, "data.eval_max_tokens=256", f"hydra.run.dir={run_dir}"]
+    for attempt in (1, 2):
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert "already" not in out, attempt
+        res = json.loads((run_dir / "results.json").read_text())
+        assert res["status"] == "debug" and res["steps"] == 1 and res["choices"]["debug"] == "fdr"
+        assert not list(run_dir.rglob("*.ckpt")), attempt

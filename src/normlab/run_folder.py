@@ -37,7 +37,7 @@ log = logging.getLogger("normlab")
 RUN_FILE = "run.json"
 FINISHED = ("completed", "diverged", "stalled")  # results (report_runs.RESULT_STATUSES): not trained again
 CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
-                 "arm", "sweep")
+                 "arm", "sweep", "debug")
 PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true
 
 

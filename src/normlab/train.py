@@ -192,6 +192,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
                   f"{trainer.max_steps}; rerun the same command to continue")
         results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
         results.update(final_scores(cfg, trainer, module, dm, run_dir))
+        if choices.get("debug") and results["status"] == "completed":
+            results["status"] = "debug"  # never a finished run: the same command runs it again (conf/debug)
     finally:
         if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
             results["status"] = "interrupted"

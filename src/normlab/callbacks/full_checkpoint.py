@@ -84,9 +84,12 @@ def full_checkpoints(ckdir: Path) -> list[tuple[int, Path]]:
 
 
 class FullStateCheckpoint(Checkpoint):
-    def __init__(self, every_n_steps: int = 200, keep: int = 2):
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ConfigError(f"callbacks.full_checkpoint.every_n_steps={every_n_steps!r} must be a positive integer")
+    def __init__(self, every_n_steps: int | None = 200, keep: int = 2):
+        # 0 / null: no periodic or final checkpoint (debug runs); a preemption signal still saves one
+        every_n_steps = every_n_steps or 0
+        if not isinstance(every_n_steps, int) or every_n_steps < 0:
+            raise ConfigError(f"callbacks.full_checkpoint.every_n_steps={every_n_steps!r} must be a positive integer "
+                              "(or 0: none)")
         if not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"callbacks.full_checkpoint.keep={keep!r} must be a positive integer")
         self.every, self.keep = every_n_steps, keep
@@ -111,7 +114,7 @@ class FullStateCheckpoint(Checkpoint):
         step = trainer.global_step
         if step == self._last_step or trainer.fit_loop._should_accumulate():
             return  # no optimizer step since the last save, or mid-accumulation
-        if not (self._pending or self.stop_after_save or step % self.every == 0):
+        if not (self._pending or self.stop_after_save or (self.every and step % self.every == 0)):
             return
         if self._validation_due(trainer):
             self._pending = True  # after validation (on_validation_end)
@@ -123,7 +126,7 @@ class FullStateCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        if trainer.global_step != self._last_step and trainer.global_step > 0:
+        if self.every and trainer.global_step != self._last_step and trainer.global_step > 0:
             self._save(trainer)
 
     @staticmethod
