@@ -17,7 +17,7 @@ def describe(*overrides: str) -> tuple[str, dict, list[str], str]:
 def test_a_group_choice_overridden_by_a_key_is_named_by_the_value_that_ran():
     name, labels, tags, h = describe("norm=prenorm", "norm.placement=post")
     assert labels["norm"] == "post_ln" and labels["arm"] == "post_ln" and labels["aggregation"] == "none"
-    assert name.startswith("post_ln-xavier-none-e3d3-s1-")
+    assert name.startswith("bible_de_en-post_ln-xavier-none-e3d3-s1-")
     assert {"norm:post_ln", "placement:post", "norm_type:layernorm", "norm.placement:post"} <= set(tags)
     assert not any("prenorm" in t or t == "norm:pre_ln" for t in tags)
     assert h == describe("norm=postnorm")[3]  # the same run, however it was spelled
@@ -90,3 +90,16 @@ def test_report_rows_use_the_labels_before_the_hydra_choice(tmp_path):
     run = Run(tmp_path, "completed", results={"labels": {"norm": "post_ln"}}, choices={"norm": "prenorm"})
     assert run.get("norm") == "post_ln"
     assert Run(tmp_path, "completed", choices={"norm": "prenorm"}).get("norm") == "prenorm"  # older runs
+
+
+def test_names_tags_and_labels_say_the_corpus(tmp_path):
+    from normlab.identity import data_label
+
+    assert data_label({"name": "bible_fr_en"}) == "bible_fr_en"
+    assert data_label({"path": "data-bin/wmt14_en_de/", "name": None}) == "wmt14_en_de"
+    assert data_label({"name": "custom", "train_src": "data/iwslt14/train.de"}) == "iwslt14"
+    assert data_label({"name": "custom", "train_src": "corpora/ted_talks.de.gz"}) == "ted_talks"
+    assert data_label({"name": "custom", "train_src": "???"}) == "custom"
+    name, labels, tags, _ = describe("data=preprocessed", f"data.path={tmp_path / 'ding_de_en'}")
+    assert name.startswith("ding_de_en-pre_ln-") and labels["data"] == "ding_de_en"
+    assert "data:ding_de_en" in tags

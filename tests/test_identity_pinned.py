@@ -25,9 +25,33 @@ PINNED = [
 
 @pytest.mark.parametrize("overrides, name", PINNED)
 def test_run_names_of_todays_configs_are_pinned(overrides, name):
+    """The identity hash is the release's; the readable part now starts with the corpus."""
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    assert identity.run_name(cfg) == name
+    new = identity.run_name(cfg)
+    corpus = "bible_fr_en" if "data=bible_fr_en" in overrides else "bible_de_en"
+    assert new == f"{corpus}-{name}"
+
+
+def test_folders_named_by_the_old_release_are_found(tmp_path):
+    """A run folder named before the corpus was in names (same identity hash) is the one a rerun
+    uses, as a single run (hydra.run.dir), in a sweep (its subdir) and in a study."""
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["norm=postnorm"], return_hydra_config=True)
+    old = PINNED[1][1]
+    (tmp_path / old).mkdir()
+    (tmp_path / old / "run.json").write_text('{"identity_hash": "%s"}' % old.rsplit("-", 1)[1])
+    assert identity._resolve_run_dir(str(tmp_path), _root_=cfg) == f"{tmp_path}/{old}"
+    OmegaConf.update(cfg, "hydra.sweep.dir", str(tmp_path), force_add=True)
+    assert identity._resolve_run_name(_root_=cfg) == old
+    assert identity.existing_name(tmp_path / "elsewhere", "x-" + old.rsplit("-", 1)[1]) == "x-" + old.rsplit("-", 1)[1]
+    # a folder with the hash but another identity in its run.json is not taken
+    (tmp_path / "other-c4a44410").mkdir()
+    (tmp_path / "other-c4a44410" / "run.json").write_text('{"identity_hash": "deadbeef"}')
+    assert identity.existing_name(tmp_path, "new-c4a44410") in ("new-c4a44410", old)
+    assert identity.existing_name(tmp_path, "new-c4a44410") == old
 
 
 def test_a_new_key_at_its_neutral_value_keeps_the_identity():
@@ -35,4 +59,4 @@ def test_a_new_key_at_its_neutral_value_keeps_the_identity():
         base = compose(config_name="config", overrides=[])
         on = compose(config_name="config", overrides=["callbacks.stall.stop_after=100"])
     assert identity.identity_hash(on) != identity.identity_hash(base)
-    assert base.callbacks.stall.stop_after is None and identity.run_name(base) == PINNED[0][1]
+    assert base.callbacks.stall.stop_after is None and identity.run_name(base) == "bible_de_en-" + PINNED[0][1]

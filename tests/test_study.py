@@ -70,12 +70,19 @@ def test_studies_share_identical_arms(tmp_path):
 
 
 def test_run_names_of_started_studies_are_pinned(tmp_path):
-    """Runs already trained (twt_lowres, started 2026-11-23) keep their folders: a change that renames
-    them would train them again."""
+    """Runs already trained (twt_lowres, started 2026-11-23 under names without the corpus) keep their
+    identity and their folders: a change that renamed them would train them again."""
+    started = {"pre_ln seed 1": "pre_ln-xavier-none-e3d3-s1-1596a043",
+               "post_ln_lr1e-3 seed 1": "post_ln-xavier-none-e3d3-s1-f190fdcd",
+               "post_ln_lr2e-3 seed 2": "post_ln-xavier-none-e3d3-s2-bd15fb2d"}
     names = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
-    assert names["pre_ln seed 1"] == "pre_ln-xavier-none-e3d3-s1-1596a043"
-    assert names["post_ln_lr1e-3 seed 1"] == "post_ln-xavier-none-e3d3-s1-f190fdcd"
-    assert names["post_ln_lr2e-3 seed 2"] == "post_ln-xavier-none-e3d3-s2-bd15fb2d"
+    for tag, old in started.items():
+        assert names[tag] == "bible_de_en-" + old
+        (tmp_path / old).mkdir()
+        (tmp_path / old / "run.json").write_text(json.dumps({"identity_hash": old.rsplit("-", 1)[1]}))
+    found = {j.tag: j.run_dir for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
+    for tag, old in started.items():
+        assert found[tag] == tmp_path / old
 
 
 @pytest.mark.parametrize("bad, where", [

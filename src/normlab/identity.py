@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -171,6 +172,27 @@ def regularizer_label(reg: Any, drophead_schedule: str | None = None) -> str:
     return "+".join(parts) or "none"
 
 
+GENERIC_STEMS = ("train", "training", "corpus", "data", "bitext")
+
+
+def data_label(data: Any) -> str:
+    """The corpus a run trained on: the data config's name (bible_de_en), a preprocessed folder's
+    name (data.path's last part), or a custom corpus's stem (its folder's name when the files are
+    just train.<lang>)."""
+    data = data or {}
+    if data.get("path"):  # data=preprocessed
+        return Path(str(data["path"]).rstrip("/")).name or "preprocessed"
+    name = data.get("name")
+    if name and name != "custom":
+        return str(name)
+    src = data.get("train_src")
+    if not src or str(src) == "???":
+        return str(name or "custom")
+    p = Path(str(src))
+    stem = p.name.split(".", 1)[0]
+    return p.parent.name if stem.lower() in GENERIC_STEMS and p.parent.name else stem
+
+
 def labels(cfg: Any) -> dict[str, str]:
     """Row values for the report and W&B tags, from resolved values."""
     c = _plain(cfg)
@@ -183,7 +205,8 @@ def labels(cfg: Any) -> dict[str, str]:
         arm = f"{agg}_{arm.removesuffix('_ln')}"
     schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
     return {"norm": norm, "init": init, "aggregation": agg,
-            "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm}
+            "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm,
+            "data": data_label(c.get("data"))}
 
 
 def run_name(cfg: Any) -> str:
@@ -195,9 +218,26 @@ def run_name(cfg: Any) -> str:
     else:
         lab, m = labels(c), c.get("model") or {}
         agg = "" if lab["aggregation"] == "none" else f"-{lab['aggregation']}"
-        readable = (f"{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
+        readable = (f"{lab['data']}-{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
     return f"{_safe(readable)}-{identity_hash(c)}"
+
+
+def existing_name(parent: str | Path, name: str) -> str:
+    """`name`, or the folder an earlier release named for the same identity (the same hash after
+    another readable part, e.g. before the corpus was in names), so its runs continue or are
+    skipped instead of being trained again in a new folder."""
+    parent = Path(parent)
+    if (parent / name).exists() or not parent.is_dir():
+        return name
+    digest = name.rsplit("-", 1)[-1]
+    for cand in sorted(parent.glob(f"*-{digest}")):
+        try:
+            if json.loads((cand / "run.json").read_text()).get("identity_hash") == digest:
+                return cand.name
+        except (OSError, ValueError):
+            continue
+    return name
 
 
 def _safe(text: str) -> str:
@@ -215,7 +255,9 @@ def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
     out = [f"{k}:{v}" for k, v in lab.items()]
     out += [f"placement:{n.get('placement')}", f"norm_type:{n.get('type')}", f"fixnorm:{bool(n.get('fixnorm'))}",
             f"enc:{m.get('encoder_layers')}", f"dec:{m.get('decoder_layers')}", f"seed:{c.get('seed')}"]
-    out += [f"{g}:{choices[g]}" for g in ("data", "model", "experiment", "sweep") if choices.get(g)]
+    out += [f"{g}:{choices[g]}" for g in ("model", "experiment", "sweep") if choices.get(g)]
+    if choices.get("data") and choices["data"] != lab["data"]:  # data:<corpus> is the label above
+        out.append(f"data_config:{choices['data']}")
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
         if "/" in key or key in choices or key.startswith("hydra") or any(h in key for h in PATH_HINTS):
@@ -284,12 +326,14 @@ def _folder_name(root: DictConfig) -> str:
 
 
 def _resolve_run_name(*, _root_: DictConfig) -> str:
-    return _folder_name(_root_)
+    name = _folder_name(_root_)
+    sweep_dir = OmegaConf.select(_root_, "hydra.sweep.dir", default=None)
+    return existing_name(sweep_dir, name) if sweep_dir else name
 
 
 def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
     given = _root_.get("run_dir")
-    return str(given) if given else f"{parent}/{_folder_name(_root_)}"
+    return str(given) if given else f"{parent}/{existing_name(parent, _folder_name(_root_))}"
 
 
 def register_resolvers() -> None:

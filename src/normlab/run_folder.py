@@ -57,9 +57,9 @@ def run_dir_of(cfg: DictConfig) -> Path:
         return Path(HydraConfig.get().runtime.output_dir)
     if cfg.get("run_dir"):
         return Path(cfg.run_dir)
-    from normlab.identity import run_name
+    from normlab.identity import existing_name, run_name
 
-    return Path("outputs") / run_name(cfg)
+    return Path("outputs") / existing_name("outputs", run_name(cfg))
 
 
 def readable(path: Path) -> dict | None:

@@ -84,7 +84,7 @@ def plan(study: Study, runs: Path, out: Path) -> list[Job]:
                 cfg = compose(overrides)
             except UserError as e:
                 raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
-            name = identity.run_name(cfg)
+            name = identity.existing_name(runs, identity.run_name(cfg))  # a folder of an older name: continued
             jobs.append(Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name,
                             out / "runs" / f"{arm.name}-s{seed}"))
     return jobs
