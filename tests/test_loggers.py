@@ -113,3 +113,29 @@ def test_one_score_per_key_and_wandb_summary_equals_results(three_logger_run):
     # the CSV log has the same single test scores
     rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
     assert [float(r["test/bleu_avg"]) for r in rows if r.get("test/bleu_avg")] == pytest.approx([results["test_bleu_avg"]])
+
+
+def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatch):
+    """README: `wandb sync --id <wandb_id> <run>/wandb/offline-run-*` with the pinned wandb (which has
+    no `--append`): both legs of a continued offline run, for the one id (a dry run: no network)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    for leg in range(2):  # a run continued once: two offline legs with the id run.json keeps
+        (logger,) = build_loggers(loggers_of("wandb"), tmp_path, "normlab-test", "n", "g", [], config={},
+                                  run_id="cont1234")
+        logger.log_metrics({"train/loss": 2.0 - leg}, step=leg)
+        finish_loggers([logger], {"status": "completed" if leg else "preempted"})
+        time.sleep(1.1)  # offline folders are named by their start second
+    legs = sorted((tmp_path / "wandb").glob("offline-run-*-cont1234"))
+    assert len(legs) == 2
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(wandb_cli), "sync", "--dry-run", "--id", "cont1234", *map(str, legs)],
+                         capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "Would sync 2 run(s)" in text, text
+    assert text.index(legs[0].name) < text.index(legs[1].name)  # in order of start time
