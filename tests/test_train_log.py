@@ -50,3 +50,16 @@ def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
     console = re.split(r"[\r\n]", out)
     assert sum(bool(LINE.search(line)) for line in console) == 2  # written above the bar, not into it
     assert "tok/s=" in out and "lr=" in out and "Epoch 0/-2" not in out
+
+
+def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, monkeypatch, capsys):
+    """No GPU/TPU lines on CPU, no Lightning `weights_only` warning after a full checkpoint, and the
+    checkpoint each final pass loads named once, in normlab's own line (was: Lightning's
+    "Loaded model weights from the checkpoint at ..." once per pass)."""
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "callbacks.full_checkpoint.every_n_steps=2",
+                    "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5")
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    for noise in ("GPU available: False", "TPU available: False", "weights_only", "Loaded model weights"):
+        assert noise not in out and noise not in text, noise
+    assert re.search(r"final test \(best-step4\.ckpt\)", out)

@@ -12,11 +12,12 @@ Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; 
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_only
 import torch
 import torch.distributed as dist
 
@@ -25,6 +26,15 @@ from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
+
+
+log = logging.getLogger("normlab")
+
+
+@rank_zero_only
+def rank_zero_info(message: str) -> None:
+    """normlab's own lines under normlab's logger (was Lightning's rank_zero logger), on rank 0."""
+    log.info(message)
 
 
 def _dist() -> bool:

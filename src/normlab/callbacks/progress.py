@@ -34,9 +34,19 @@ NOISE_RECORDS = (
     ("lightning.pytorch.utilities.rank_zero", "💡 Tip:"),
     ("lightning.pytorch.utilities.rank_zero", "`Trainer(limit_val_batches=1.0)` was configured"),
     ("lightning.pytorch.utilities.rank_zero", "`Trainer(limit_test_batches=1.0)` was configured"),
-    ("lightning.pytorch.utilities.rank_zero", "Restoring states from the checkpoint path at"),  # "Loaded ... from" stays
+    ("lightning.pytorch.utilities.rank_zero", "Restoring states from the checkpoint path at"),
+    # each final pass names its checkpoint in its own line ("final test (best-step2000.ckpt): ..."), and a
+    # continued run says "continuing from ... (step N)": Lightning's line would repeat it once per pass
+    ("lightning.pytorch.utilities.rank_zero", "Loaded model weights from the checkpoint at"),
+    # no accelerator to report on a CPU machine (a GPU machine keeps "GPU available: True (cuda), used: ...")
+    ("lightning.pytorch.utilities.rank_zero", "GPU available: False"),
+    ("lightning.pytorch.utilities.rank_zero", "TPU available: False"),
+    # Lightning restoring its own training state (normlab's loads are weights-only, README)
+    ("lightning.pytorch.trainer.connectors.checkpoint_connector", "`weights_only` was not set"),
 )
 NOISE_WARNINGS = (
+    # Lightning's own checkpoint reads; every checkpoint normlab loads itself is weights-only
+    r".*`weights_only` was not set",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning calling a torch API it will update
     r"The 'train_dataloader' does not have many workers",  # data.num_workers=0 is normlab's choice on CPU
     r"The '(val|test)_dataloader' does not have many workers",
