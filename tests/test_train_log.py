@@ -63,3 +63,15 @@ def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, mo
     for noise in ("GPU available: False", "TPU available: False", "weights_only", "Loaded model weights"):
         assert noise not in out and noise not in text, noise
     assert re.search(r"final test \(best-step4\.ckpt\)", out)
+
+
+def test_corpus_statistics_are_one_readable_line():
+    from normlab.data.datamodule import stats_line
+
+    st = {"train": {"pairs": 28798, "dropped": {"empty": 0}, "tokens": {"src": 929720, "tgt": 922021},
+                    "dropped_long": 3},
+          "test": {"pairs": 1000, "dropped": {"empty": 2}, "tokens": {"src": 32961, "tgt": 32639},
+                   "truncated_src": 1, "truncated_tgt": 0}}
+    assert stats_line("bible_de_en", st) == ("bible_de_en: train 28,798 pairs (929,720 + 922,021 tokens), dropped 3 "
+                                             "long; test 1,000 pairs (32,961 + 32,639 tokens), dropped 2 empty, "
+                                             "1 sources / 0 targets cut")

@@ -168,7 +168,7 @@ class TranslationDataModule(L.LightningDataModule):
                 self._text[split] = (folder.text(split, "src"), folder.text(split, "tgt"))
             self.stats[split] = stats
         release_freed_memory()  # the length filter's and sizes' temporaries
-        log.info("%s: %s", self.name, self.stats)
+        log.info("%s", stats_line(self.name, self.stats))
 
     # -- raw text of the held-out splits, index-aligned with batch["idx"] -----------------------
     def sources(self, split: str) -> list[str]:
@@ -220,3 +220,21 @@ class TranslationDataModule(L.LightningDataModule):
     def test_dataloader(self) -> BatchLoader:
         return self.dataloader("test")
 
+
+def stats_line(name: str, stats: dict) -> str:
+    """The corpus in one readable line: pairs per split, tokens and what was dropped or cut."""
+    parts = []
+    for split, st in stats.items():
+        text = f"{split} {st.get('pairs', 0):,} pairs"
+        tok = st.get("tokens") or {}
+        if tok:
+            text += f" ({tok.get('src', 0):,} + {tok.get('tgt', 0):,} tokens)"
+        dropped = {**(st.get("dropped") or {}), "long": st.get("dropped_long", 0)}
+        dropped = {k: v for k, v in dropped.items() if v}
+        if dropped:
+            text += ", dropped " + ", ".join(f"{v:,} {k}" for k, v in dropped.items())
+        cut = st.get("truncated_src", 0) + st.get("truncated_tgt", 0)
+        if cut:
+            text += f", {st.get('truncated_src', 0)} sources / {st.get('truncated_tgt', 0)} targets cut"
+        parts.append(text)
+    return f"{name}: " + "; ".join(parts)
