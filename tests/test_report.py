@@ -149,3 +149,22 @@ def test_no_metric_vs_column_plot_from_one_column_value(sweep, tmp_path):
     assert report.main(argv) == 0
     assert (out / "report.csv").is_file() and not (out / "test_bleu_vs_model_encoder_layers.png").exists()
     assert "test_bleu_vs_" not in (out / "report.md").read_text()  # nor a link to one
+
+
+def test_a_stopped_or_preempted_run_is_shown_as_such_not_failed(tmp_path):
+    """One status vocabulary: a run stopped by max_time or preempted by a signal is what it is in the
+    report (the same command continues it), not 'failed'."""
+    import json as _json
+
+    from normlab.commands import report as rep
+    from normlab.commands.report_runs import find_runs
+
+    for i, status in enumerate(("stopped", "preempted", "completed")):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        (d / "results.json").write_text(_json.dumps({"status": status, "seed": i, "steps": 5, "planned_steps": 10,
+                                                     "valid_loss": 3.0, "labels": {"norm": "pre_ln"}}))
+    runs = find_runs([str(tmp_path)])
+    assert sorted(r.status for r in runs) == ["completed", "preempted", "stopped"]
+    cell = rep.cell_stats(runs, "valid_loss")
+    assert "stopped" in cell["text"] and "preempted" in cell["text"] and "failed" not in cell["text"]

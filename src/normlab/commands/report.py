@@ -18,6 +18,7 @@ A cell is:
   normlab/callbacks/stall.py; its scores are in runs.csv, not in the mean);
 - `diverged 3/3` / `stalled 2/2` / `failed 1/1` / `diverged 1/2, failed 1/2`: no completed run;
 - `running 1/2`: a job folder without results.json written to in the last 10 minutes (older: failed);
+- `stopped 1/2` / `preempted 1/2`: stopped by trainer.max_time or a signal; the same command continues it;
 - `missing`: an expected cell (observed row values × observed column values) with no run at all;
   with --expect-seeds N, a cell with fewer runs says `(k/N missing)`;
 - `n/a`: completed runs without this metric (e.g. test_bleu when eval.test=false).
@@ -45,7 +46,7 @@ from normlab.commands.common import CommandError, CommandParser, main_guard
 from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
                                           label, wandb_runs)
 
-OTHER_STATUSES = ("diverged", "stalled", "failed", "running")  # a cell's notes, in this order
+OTHER_STATUSES = ("diverged", "stalled", "stopped", "preempted", "failed", "running")  # a cell's notes, in this order
 NOT_SETTINGS = ("seed", "data.seed", "name", "group", "tags", "run_dir", "resume", "project")  # differ by design
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file")
 
@@ -212,7 +213,7 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
         out += ["## BLEU after pruning (prune command)", "", prune_markdown(ptable, table["rows"])]
     bad = [r for r in runs if r.status != "completed"]
     if bad:
-        out += ["## Runs that did not complete (diverged, stalled, failed, running)", "",
+        out += ["## Runs that did not complete (diverged, stalled, stopped, preempted, failed, running)", "",
                 "| run | status | detail |", "|---|---|---|"]
         for r in bad:
             detail = (f"step {r.results.get('diverged_step')}: {r.results.get('divergence_reason', '')}"

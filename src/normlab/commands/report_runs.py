@@ -14,13 +14,15 @@ from normlab.commands.common import CommandError
 
 # Statuses a run records itself (train.run): diverged and stalled runs are results, not failures.
 RESULT_STATUSES = ("completed", "diverged", "stalled")
+# Runs that the same command continues (train.run's statuses): shown as what they are, not as failed.
+UNFINISHED_STATUSES = ("stopped", "preempted")
 RUNNING_WINDOW_S = 600  # a job folder without results.json, written to in the last 10 minutes: running
 
 
 @dataclass
 class Run:
     path: Path
-    status: str  # completed | diverged | stalled | failed (no results.json, or any other status) | running
+    status: str  # completed | diverged | stalled | stopped | preempted | failed (no results.json, any other) | running
     results: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # flat: "model.encoder_layers" -> 6
     choices: dict = field(default_factory=dict)  # Hydra choices: "norm" -> "postnorm", "arm" -> "admin"
@@ -118,6 +120,8 @@ def load_run(job: Path) -> Run:
         status, error = "running", "no results.json yet (files written in the last 10 minutes)"
     elif not results:
         status, error = "failed", "no results.json (the job crashed or was killed)"
+    elif status in UNFINISHED_STATUSES:
+        error = error or f"{status} at step {results.get('steps')} of {results.get('planned_steps')}: rerun the same command"
     elif status not in RESULT_STATUSES:
         error = error or f"status {status!r}"
         status = "failed"
