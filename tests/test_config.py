@@ -31,7 +31,7 @@ def test_default_config_is_valid():
     ("eval.decoder.beam=0", r"^eval\.decoder\.beam: 0 "),
     ("+model.colour=red", r"^model\.colour: not a model option \(allowed: .*d_model"),
     # the cases of issue 11: each names its key, before any data is read
-    ("seed=abc", r"^seed: 'abc' is not valid \(allowed: an integer\)$"),
+    ("seed=abc", r"^seed: 'abc' is not valid \(allowed: an integer in \[0, 2\*\*32 - 1\]\)$"),
     ("data.vocab_size=0", r"^data\.vocab_size: 0 "),
     ("eval.decoder.lenpen=abc", r"^eval\.decoder\.lenpen: 'abc' "),
     ("eval.test_decoder.lenpen=abc", r"^eval\.test_decoder\.lenpen: 'abc' "),

@@ -38,12 +38,25 @@ def one_error_line(capsys) -> str:
     ("trainer.val_check_interval=0", "error: trainer.val_check_interval: 0 is not valid (allowed: "),
     ("eval.test_decoder.lenpen=abc", "error: eval.test_decoder.lenpen: 'abc' is not valid (allowed: "),
     ("resume=nowhere.ckpt", "error: nowhere.ckpt: no such checkpoint file"),
+    # found by a new user's trial: each used to crash late, leave a folder, or run silently wrong
+    ("seed=-1", "error: seed: -1 is not valid (allowed: an integer in [0, 2**32 - 1])"),
+    ("retrain=no", "error: retrain: 'no' is not valid (allowed: true, false)"),
+    ("retrain=maybe", "error: retrain: 'maybe' is not valid (allowed: true, false)"),
+    ("data.num_workers=-1", "error: data.num_workers: -1 is not valid (allowed: an integer >= 0)"),
+    ("data.spm_model_type=foo", "error: data.spm_model_type: 'foo' is not valid (allowed: bpe, unigram, char, word)"),
+    ("callbacks.checkpoint.monitor=valid/blue", "error: callbacks.checkpoint.monitor: 'valid/blue' is not valid"),
+    ("+trainer.limit_train_batches=0", "error: trainer.limit_train_batches: 0 trains no batch"),
+    ("regularizer=layerdrop regularizer.encoder_layerdrop=1.0",
+     "error: regularizer.encoder_layerdrop: 1.0 drops every layer at every step: nothing would train"),
+    ("trainer.max_time=abc", "error: trainer.max_time: 'abc' is not valid (allowed: null, DD:HH:MM:SS"),
+    ("trainer.accelerator=gpu", "error: trainer.accelerator: 'gpu': this machine has no CUDA GPU"),
+    ("trainer.num_nodes=0", "error: trainer.num_nodes: 0 is not valid (allowed: an integer > 0)"),
 ])
 def test_bad_override_is_one_line_exit_2_and_no_folder(override, line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     monkeypatch.delenv("NORMLAB_TRACEBACK", raising=False)
-    assert train_main([override, "logger=csv"]) == 2
+    assert train_main([*override.split(), "logger=csv"]) == 2
     assert one_error_line(capsys).startswith(line)
     assert list(tmp_path.iterdir()) == []  # Hydra's outputs/<date>/<time>_<name> removed, with its parents
 

@@ -215,6 +215,8 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
 
 
 DECODER_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len")
+MONITORS = ("valid/bleu", "valid/chrf", "valid/loss", "valid/nll", "valid/ppl", "step")  # what validation logs
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRECISIONS = ("32-true", "32", 32, "16-mixed", "16", 16, "bf16-mixed", "bf16", "16-true", "bf16-true",
               "64-true", "64", 64, "transformer-engine", "transformer-engine-float16")
 
@@ -225,7 +227,12 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     _check(not missing, missing[0] if missing else "",
            f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
            + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
-    _value("seed", cfg.seed, "an integer", integer=True)
+    _value("seed", cfg.seed, "an integer in [0, 2**32 - 1]", lambda v: 0 <= v <= 2**32 - 1, integer=True)
+    _bool("retrain", cfg.get("retrain", False))  # `retrain=no` must not read as true
+    if cfg.data.get("num_workers") is not None:
+        _value("data.num_workers", cfg.data.num_workers, "an integer >= 0", lambda v: v >= 0, integer=True)
+    if cfg.data.get("spm_model_type") is not None:
+        _choice("data.spm_model_type", cfg.data.spm_model_type, ("bpe", "unigram", "char", "word"))
     vocab = cfg.data.get("vocab_size")  # null for data=preprocessed: the folder's tokenizer decides
     if vocab is not None:
         _positive("data.vocab_size", vocab)  # before the model, which gets its vocab_size from it
@@ -246,6 +253,11 @@ def validate_run_config(cfg: Any) -> ModelConfig:
 
         _choice("init.admin.mode", init.admin.get("mode", "profile"), MODES)
         _positive("init.admin.batches", init.admin.get("batches", 1))
+    reg = model_cfg.regularizer
+    for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):  # p = 1 is a limit case, not a run
+        _check(getattr(reg, key) < 1.0, f"regularizer.{key}", f"{getattr(reg, key)!r} drops every "
+               f"{'head' if key == 'drophead' else 'layer'} at every step: nothing would train",
+               "a probability in [0, 1)")
     _validate_optim(cfg.optim)
     _validate_eval(cfg.eval)
     _validate_trainer(cfg.trainer)
@@ -256,6 +268,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
                    lambda v: v >= 0, integer=True)
     if callbacks.get("checkpoint") is not None:
         _choice("callbacks.checkpoint.mode", callbacks.checkpoint.get("mode", "max"), ("max", "min"))
+        _choice("callbacks.checkpoint.monitor", callbacks.checkpoint.get("monitor", "valid/bleu"), MONITORS)
     for key, node in (cfg.get("logger") or {}).items():
         _check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
                "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
@@ -311,6 +324,12 @@ def _validate_eval(ev: Any) -> None:
             _value(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
 
 
+def _is_duration(value: Any) -> bool:
+    """Lightning's max_time string: DD:HH:MM:SS."""
+    parts = str(value).split(":") if isinstance(value, str) else []
+    return len(parts) == 4 and all(p.isdigit() for p in parts)
+
+
 def _validate_trainer(t: Any) -> None:
     _value("trainer.max_steps", t.max_steps, "an integer > 0, or -1 for no limit", lambda v: v == -1 or v > 0,
            integer=True)
@@ -327,6 +346,25 @@ def _validate_trainer(t: Any) -> None:
         if t.get(key) is not None:
             _value(f"trainer.{key}", t[key], "an integer number of batches >= 0 or a fraction in [0, 1]",
                    lambda v: v >= 0 if isinstance(v, int) else 0 <= v <= 1)
+    limit = t.get("limit_train_batches")
+    _check(limit is None or limit != 0, "trainer.limit_train_batches", "0 trains no batch",
+           "an integer > 0 or a fraction in (0, 1]")
+    _value("trainer.num_nodes", t.get("num_nodes", 1), "an integer > 0", lambda v: v > 0, integer=True)
+    devices = t.get("devices", 1)
+    _check(devices in ("auto", -1, "-1") or (_is_num(devices, integer=True) and devices > 0)
+           or (hasattr(devices, "__len__") and not isinstance(devices, str) and len(devices) > 0),
+           "trainer.devices", f"{devices!r} is not valid", "an integer > 0, -1, auto, or a list of device ids")
+    accel = t.get("accelerator", "auto")
+    if isinstance(accel, str):
+        _choice("trainer.accelerator", accel, ACCELERATORS)
+        if accel in ("gpu", "cuda"):
+            import torch
+
+            _check(torch.cuda.is_available(), "trainer.accelerator", f"{accel!r}: this machine has no CUDA GPU",
+                   "cpu, or trainer=gpu on a GPU machine")
+    max_time = t.get("max_time")
+    _check(max_time is None or hasattr(max_time, "keys") or _is_duration(max_time), "trainer.max_time",
+           f"{max_time!r} is not valid", "null, DD:HH:MM:SS (e.g. 00:12:00:00), or {hours: 12}")
     fdr = t.get("fast_dev_run", False)
     _check(isinstance(fdr, bool) or (_is_num(fdr, integer=True) and fdr >= 0), "trainer.fast_dev_run",
            f"{fdr!r} is not valid", "true, false or a number of batches >= 0")
