@@ -29,6 +29,7 @@ How an example is found and run (conventions for whoever adds one):
   (installs, CI itself, corpora that are downloaded by hand).
 """
 import io
+import json
 import re
 import shlex
 import shutil
@@ -132,7 +133,8 @@ def own_copy(runs: dict, tmp_path: Path) -> dict:
 
 def substitute(tokens: list[str], runs: dict) -> list[str]:
     corpus, out = runs["corpus"], []
-    literal = {"data/bible_de_en/test.de.gz": corpus["test_src"], "test.de": corpus["test_src"],
+    literal = {"data/bible_de_en/test.de.gz": corpus["test_src"], "data/bible_de_en/test.en.gz": corpus["test_tgt"],
+               "data/bible_de_en/valid.de.gz": corpus["valid_src"], "test.de": corpus["test_src"],
                "src.de": corpus["test_src"], "a.ckpt": str(runs["steps"][-2]), "b.ckpt": str(runs["steps"][-1]),
                "ADMIN_RUN": str(runs["admin"])}
     for i, tok in enumerate(tokens):
@@ -225,6 +227,26 @@ def test_readme_example_runs(example, tiny_runs, tmp_path, monkeypatch, capsys):
     else:
         pytest.fail(f"{example}: not a command this test knows: {example.text!r}; run it here or add it to "
                     "NOT_RUN with the reason (see the conventions at the top of this file)")
+    check_promises(example, tokens, tiny_runs)
+
+
+def check_promises(example: Example, tokens: list[str], runs: dict) -> None:
+    """What the example says it does, beyond exit 0: the files it names (--output / -o, or `# -> PATH`
+    in its comment) exist; an evaluation against references is not a score of the hypotheses against
+    themselves (the old README example scored BLEU 100)."""
+    for flag in ("--output", "-o"):
+        if flag in tokens[:-1]:
+            out = Path(tokens[tokens.index(flag) + 1])
+            assert out.is_file() and out.stat().st_size > 0, f"{example}: {out} not written"
+    arrow = re.search(r"#\s*->\s*(\S+)", example.text)
+    if arrow:
+        promised = substitute([arrow.group(1)], runs)[0]
+        pattern = re.sub(r"<[^>]*>", "*", promised)
+        assert list(Path("/").glob(pattern.lstrip("/"))) if pattern.startswith("/") else list(Path().glob(pattern)), \
+            f"{example}: promised {arrow.group(1)} ({pattern}) not written"
+    if "evaluate" in " ".join(tokens[:3]) and "--ref" in tokens and "--output" in tokens:
+        scores = json.loads(Path(tokens[tokens.index("--output") + 1]).read_text())
+        assert scores["bleu"] < 100, f"{example}: BLEU {scores['bleu']}: the references are the hypotheses"
 
 
 def test_the_readme_has_examples_of_every_command():

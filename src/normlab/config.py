@@ -324,6 +324,17 @@ def _validate_eval(ev: Any) -> None:
             _value(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
 
 
+def check_machine(cfg: Any) -> None:
+    """What this machine must have for the run (not part of validating a config, which a CPU machine
+    does for GPU presets too): a CUDA GPU for accelerator gpu / cuda."""
+    accel = cfg.trainer.get("accelerator", "auto")
+    if accel in ("gpu", "cuda"):
+        import torch
+
+        _check(torch.cuda.is_available(), "trainer.accelerator", f"{accel!r}: this machine has no CUDA GPU",
+               "cpu, or trainer=gpu on a GPU machine")
+
+
 def _is_duration(value: Any) -> bool:
     """Lightning's max_time string: DD:HH:MM:SS."""
     parts = str(value).split(":") if isinstance(value, str) else []
@@ -357,11 +368,6 @@ def _validate_trainer(t: Any) -> None:
     accel = t.get("accelerator", "auto")
     if isinstance(accel, str):
         _choice("trainer.accelerator", accel, ACCELERATORS)
-        if accel in ("gpu", "cuda"):
-            import torch
-
-            _check(torch.cuda.is_available(), "trainer.accelerator", f"{accel!r}: this machine has no CUDA GPU",
-                   "cpu, or trainer=gpu on a GPU machine")
     max_time = t.get("max_time")
     _check(max_time is None or hasattr(max_time, "keys") or _is_duration(max_time), "trainer.max_time",
            f"{max_time!r} is not valid", "null, DD:HH:MM:SS (e.g. 00:12:00:00), or {hours: 12}")

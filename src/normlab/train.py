@@ -24,7 +24,7 @@ from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterChec
 from normlab.callbacks.preemption import Preemption
 from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
-from normlab.config import ConfigError, validate_run_config
+from normlab.config import ConfigError, check_machine, validate_run_config
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
@@ -118,6 +118,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
     apply_checkpoint_model(cfg)
     validate_run_config(cfg)  # fails before any data is read, naming the key
+    check_machine(cfg)
     callbacks = build_callbacks(cfg)  # so does a bad callback setting
     run_dir = run_dir_of(cfg)
     choices = hydra_choices()
