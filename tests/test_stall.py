@@ -89,7 +89,8 @@ def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_co
     stop_after steps after the stall is first found (status stalled, both steps recorded); a run
     that learns trains to the end. (margin -0.5: "stalled" = flat above floor + 0.5, since a 2-layer
     d-32 model on 600 pairs is still near the floor after 60 steps of learning.)"""
-    early = STALL[:3] + ["trainer.max_steps=60", "eval.valid_bleu=false", "eval.test=false",
+    early = STALL[:3] + ["trainer.max_steps=60", "eval.valid_bleu=false", "eval.test_decoder.beam=2",
+                         "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5",
                          "callbacks.stall.stop_after=8", "callbacks.stall.margin=-0.5"]
     out = {}
     for name, lr in (("stalled", "1e-12"), ("learning", "3e-3")):
@@ -100,8 +101,10 @@ def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_co
     # first check with a full window + patience (12 losses after step 0) at step 12, then 16, 20
     assert stalled["status"] == "stalled" and stalled["stall_detected_step"] == 12
     assert stalled["stopped_at_step"] == 20 and stalled["steps"] == 20 < 60
-    assert stalled["valid_loss"] is not None  # scored like any stalled run
+    assert stalled["valid_loss"] is not None and stalled["test_bleu"] is not None  # scored like any stalled run
+    assert "test_bleu_greedy" not in stalled  # but not re-decoded greedily (nothing to learn from it)
     assert out["learning"]["status"] == "completed" and out["learning"]["steps"] == 60
+    assert out["learning"]["test_bleu_greedy"] is not None
 
 
 def test_a_stall_that_recovers_clears_the_detection():

@@ -10,6 +10,8 @@
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
 - partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
+A stalled run (callbacks/stall.py) is scored by the valid and beam test passes only: the greedy and
+averaged re-decodes of a model at its input-independent floor cost time and say nothing more.
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[st
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
         (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
+    if getattr(module, "status", "completed") == "stalled":  # at the floor: a greedy or averaged re-decode
+        return out                                             # adds nothing but time (issue 21)
     merge_scores(out, extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
 
