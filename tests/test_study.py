@@ -310,3 +310,53 @@ def test_every_training_study_names_a_paper_size_sweep_that_exists():
         used = re.findall(r"\+sweep=(\w+)", cmd)
         assert used and set(used) <= sweeps, (name, cmd)
         assert "GPU" in study.paper_preset.get("cost", "")
+
+
+PRUNE_STUDY = """
+title: prune smoke
+paper: p
+question: q
+seeds: [1, 2]
+common: [eval.test_greedy=false, eval.test_average=false, model.encoder_layers=2, model.decoder_layers=2]
+arms:
+  ld:
+    overrides: [regularizer=layerdrop]
+    prune: {depths: [1], strategies: [every_other, search_on_valid], beam: 4}
+claims:
+  - {id: eo_vs_sov, claim: "every-other about as good as search", source: s, paper: "-", kind: similar,
+     margin: 100, better: ld, than: ld, metric: prune.every_other.r1.test_bleu,
+     than_metric: prune.search_on_valid.r1.test_bleu, interval: t}
+"""
+
+
+def test_a_study_prunes_its_runs_and_judges_pruned_metrics(tmp_path):
+    """The prune post-step (the budget's short decodes on top of the arm's settings) and a claim on
+    the pruned models' metrics, read from each record's prune.json."""
+    study = tmp_path / "prune_study.yaml"
+    study.write_text(PRUNE_STUDY)
+    r = run_study([str(study), "study.budget=smoke", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = load_records(tmp_path / "out")["ld"]
+    assert len(recs) == 2
+    for rec in recs:
+        prune = json.loads((rec.path / "prune.json").read_text())
+        assert prune["decoder"]["beam"] == 2 and prune["decoder"]["max_len_b"] == 4  # the smoke budget's
+        assert rec.metric("prune.every_other.r1.test_bleu") is not None
+    (claim_,) = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
+    assert claim_["verdict"] == "held" and claim_["difference"]["method"] == "t over 2 paired seeds"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_shipped_study_runs_at_smoke_budget(name, tmp_path):
+    """normlab-study NAME study.budget=smoke, for each shipped training study: every arm trains, is
+    recorded and judged, and the README is written (minutes each: slow)."""
+    r = run_study([name, "study.budget=smoke", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")],
+                  timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    study = load_study(name, "smoke")
+    recs = load_records(tmp_path / "out")
+    assert sum(len(v) for v in recs.values()) == len(study.arms) * len(study.seeds)
+    claims = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
+    assert [c["id"] for c in claims] == [c.id for c in study.claims]
+    assert (tmp_path / "out" / "README.md").read_text().startswith(f"# {study.title}")

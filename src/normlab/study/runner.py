@@ -127,17 +127,18 @@ def write_record(study: Study, job: Job, res: dict) -> None:
     os.replace(tmp, job.record)
 
 
-def prune_command(job: Job) -> list[str] | None:
-    p = job.arm.prune
-    if not p or (job.run_dir / "prune" / "prune.json").is_file():
+def prune_command(job: Job, extra: dict | None = None) -> list[str] | None:
+    """The prune command for the arm's settings (depths, strategies, decoder), the budget's on top."""
+    if not job.arm.prune or (job.run_dir / "prune" / "prune.json").is_file():
         return None
+    p = {**job.arm.prune, **(extra or {})}
     cmd = [sys.executable, "-m", "normlab.commands.prune", str(job.run_dir), "--out", str(job.run_dir / "prune"),
            "--force"]
     if p.get("strategies"):
         cmd += ["--strategies", ",".join(map(str, p["strategies"]))]
     if p.get("depths"):
         cmd += ["--depths", ",".join(map(str, p["depths"]))]
-    for flag in ("beam", "max_sentences"):
+    for flag in ("beam", "max_sentences", "max_len_a", "max_len_b"):
         if p.get(flag) is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(p[flag])]
     return cmd
@@ -186,7 +187,7 @@ class Sweep:
             self._start(job, "train", self._train_command(job))
             self.say(f"start {job.tag}: {job.run_dir}")
             return
-        cmd = prune_command(job) if res.get("status") == "completed" else None
+        cmd = prune_command(job, self.study.prune_overrides) if res.get("status") == "completed" else None
         if cmd:
             self._start(job, "prune", cmd)
             self.say(f"prune {job.tag}")

@@ -34,6 +34,10 @@ SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=3
          "++trainer.limit_test_batches=2", "callbacks.full_checkpoint.every_n_steps=3"]
 
 
+# ... and the prune command's: a few sentences, short decodes
+SMOKE_PRUNE = {"max_sentences": 20, "beam": 2, "max_len_a": 0, "max_len_b": 4}
+
+
 def lower_is_better(metric: str) -> bool:
     return metric.rsplit("_", 1)[-1] in METRICS_LOWER_BETTER or metric.endswith(METRICS_LOWER_BETTER)
 
@@ -82,6 +86,7 @@ class Study:
     paper_preset: dict = field(default_factory=dict)
     curves: str = "valid_loss"
     table_metrics: tuple[str, ...] = ("test_bleu", "test_chrf", "valid_bleu", "valid_nll")
+    prune_overrides: dict = field(default_factory=dict)  # the budget's prune settings (smoke: 20 sentences)
     kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
     probe: dict = field(default_factory=dict)
 
@@ -174,10 +179,12 @@ def load_study(name: str, budget: str = "full") -> Study:
         extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
         if budget != "full":
             probe.update((budgets.get(budget) or {}).get("probe") or {"depths": [2, 4], "d_model": 32})
+    prune_extra = dict((budgets.get(budget) or {}).get("prune") or (SMOKE_PRUNE if budget == "smoke" else {}))
     plots = raw.get("plots") or {}
     return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
                  question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
                  common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
-                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe)
+                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
+                 prune_overrides=prune_extra)
