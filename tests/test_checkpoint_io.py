@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from normlab.checkpoint import AtomicCheckpointIO, write_json
+from normlab.checkpoint import write_json
+from normlab.checkpoint_io import AtomicCheckpointIO
 
 
 class Boom:

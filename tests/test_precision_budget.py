@@ -9,7 +9,7 @@ import torch
 
 import normlab.train
 from normlab.budget import trainer_overrides
-from normlab.checkpoint import AtomicCheckpointIO
+from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.lit_module import Seq2SeqModule
 from normlab.train import run
 

@@ -164,12 +164,3 @@ def save_model(path: str | os.PathLike, model, tokenizer_proto: bytes | None = N
         ckpt["tokenizer_proto"] = tokenizer_proto
     atomic_write_bytes(path, lambda f: torch.save(ckpt, f))
     return Path(path)
-
-
-def __getattr__(name: str):
-    # Kept importable from here (train.py, tests) without importing Lightning for load_model.
-    if name == "AtomicCheckpointIO":
-        from normlab.checkpoint_io import AtomicCheckpointIO
-
-        return AtomicCheckpointIO
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

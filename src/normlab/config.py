@@ -249,7 +249,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
                    f"of model.max_positions={model_cfg.max_positions} tokens", f"an integer >= {model_cfg.max_positions}")
     init = cfg.get("init") or {}
     if init.get("admin") is not None:
-        from normlab.init.admin import MODES
+        from normlab.init.modes import MODES
 
         _choice("init.admin.mode", init.admin.get("mode", "profile"), MODES)
         _positive("init.admin.batches", init.admin.get("batches", 1))

@@ -268,6 +268,17 @@ def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
     return list(dict.fromkeys(t[:64] for t in out))  # W&B: at most 64 characters a tag; no duplicates
 
 
+def run_dir_of(cfg: DictConfig) -> Path:
+    """The run's folder: Hydra's output dir, an explicit run_dir, else outputs/<run name>."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    return Path("outputs") / existing_name("outputs", run_name(cfg))
+
+
 # ---------------------------------------------------------------- Hydra resolvers
 
 _SWEEP: dict[str, DictConfig] = {}

@@ -50,18 +50,6 @@ def hydra_choices() -> dict[str, str | None]:
     return {k: choices.get(k) for k in CHOICE_GROUPS if k in choices}
 
 
-def run_dir_of(cfg: DictConfig) -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    if cfg.get("run_dir"):
-        return Path(cfg.run_dir)
-    from normlab.identity import existing_name, run_name
-
-    return Path("outputs") / existing_name("outputs", run_name(cfg))
-
-
 def readable(path: Path) -> dict | None:
     """The checkpoint if it loads (weights only, memory-mapped), else None."""
     from normlab.checkpoint import CheckpointError, load_checkpoint

@@ -29,8 +29,9 @@ from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
+from normlab.identity import run_dir_of
 from normlab.run_folder import (csv_histories, hydra_choices, locked, prepare, readable, restore_csv_histories,
-                                run_dir_of, start_checkpoint_path)
+                                start_checkpoint_path)
 
 log = logging.getLogger("normlab")
 

@@ -46,9 +46,9 @@ from torch import nn
 from normlab.model.attention import MultiheadAttention
 from normlab.model.norms import RMSNorm, ScaleNorm
 from normlab.regularizers.drophead import DropHead
+from normlab.init.modes import MODES  # noqa: F401  (init.admin.mode; re-exported)
 from normlab.regularizers.layerdrop import LayerDropModuleList
 
-MODES = ("profile", "closed_form")  # init.admin.mode
 CONVENTIONS = ("paper", "authors")  # init.admin.convention
 
 
