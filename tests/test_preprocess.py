@@ -340,3 +340,16 @@ def test_force_never_deletes_what_preprocess_did_not_write(small_corpus, tmp_pat
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder (was mkdtemp's 0700)
+
+
+def test_every_file_is_synced_before_the_folder_is_published(small_corpus, tmp_path, monkeypatch):
+    """spm.model, the references and the manifest are fsync'd, not only the arrays (issue 18)."""
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    d = Path(small_corpus["train_src"]).parent
+    files = {s: (d / f"{s}.de", d / f"{s}.en") for s in ("train", "valid", "test")}
+    pp.preprocess(files, tmp_path / "bin", SpmSettings(vocab_size=300))
+    names = {Path(p).name for p in synced}
+    written = {p.name for p in (tmp_path / "bin").iterdir()}
+    assert written <= names, sorted(written - names)  # every file, the texts and the manifest included

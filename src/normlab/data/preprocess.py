@@ -109,6 +109,7 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             "seconds": {"scan": round(t1 - t0, 2), "tokenizer": round(t2 - t1, 2), "encode": round(t3 - t2, 2)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")  # last: a folder without it is never read
+        sync_tree(tmp)  # every file durable (the arrays already are) before the folder is renamed into place
         _publish(tmp, out, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; removed on any error or Ctrl-C
@@ -248,6 +249,24 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
         if pool is not None:
             pool.terminate()
     return splits, arrays, texts
+
+
+def sync_tree(folder: Path) -> None:
+    """fsync every file below `folder` and the folder itself: spm.model, the references and the
+    manifest, not only the arrays, so a crash after the rename never leaves a folder that reads
+    complete but holds empty files."""
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_replaceable(out: Path, inputs: list, own_cache: bool = False) -> None:
