@@ -3,7 +3,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see normlab/__init__.py
 
 import gzip
-import struct
 from pathlib import Path
 
 import pytest
@@ -79,21 +78,7 @@ class CrashAtStep:
 
 
 def wandb_records(path: Path):
-    """The records of an offline W&B run file (run-<id>.wandb: LevelDB log format, 32 KiB blocks,
-    7-byte chunk headers after a 7-byte file header) as wandb_internal_pb2.Record messages."""
-    from wandb.proto import wandb_internal_pb2 as pb
+    """The records of a W&B run file (normlab.wandb_files: the format's one reader)."""
+    from normlab.wandb_files import records
 
-    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # block trailer: too short for a chunk header
-            pos += block - pos % block
-            continue
-        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
-        if kind in (1, 4):  # full / last chunk
-            rec = pb.Record()
-            rec.ParseFromString(buf + chunk if kind == 4 else chunk)
-            buf = b""
-            yield rec
-        elif kind in (2, 3):  # first / middle chunk
-            buf += chunk
+    return records(path)

@@ -39,7 +39,7 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
     import wandb
 
     real_finish = wandb.finish
-    monkeypatch.setattr(wandb, "finish", lambda: None)  # read the summary before the run closes
+    monkeypatch.setattr(wandb, "finish", lambda exit_code=0: None)  # read the summary before the run closes
     finish_loggers([logger], {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
     assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and run.summary["choices"]["norm"] == "x"
     monkeypatch.setattr(wandb, "finish", real_finish)

@@ -184,3 +184,72 @@ def test_a_wall_clock_cap_says_it_stopped_the_run(small_corpus, tmp_path, capsys
     assert results["status"] == "stopped" and results["stopped_by"] == "max_time"
     assert 0 < results["steps"] < results["planned_steps"] == 100000
     assert "stopped by trainer.max_time" in capsys.readouterr().out
+
+
+def wandb_history(run_dir) -> tuple[list[dict], dict, list[int]]:
+    """Every leg's offline W&B history rows, the summary (last leg wins) and the legs' exit codes."""
+    from conftest import wandb_records
+
+    rows, summary, exits = [], {}, []
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        for rec in wandb_records(path):
+            kind = rec.WhichOneof("record_type")
+            items = {"history": lambda: rec.history.item, "summary": lambda: rec.summary.update}.get(kind)
+            if kind == "exit":
+                exits.append(rec.exit.exit_code)
+            elif items:
+                got = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items()}
+                rows.append(got) if kind == "history" else summary.update(got)
+    return rows, summary, exits
+
+
+def crash_at(monkeypatch, step):
+    from normlab.lit_module import Seq2SeqModule
+
+    orig = Seq2SeqModule.training_step
+
+    def boom(self, batch, batch_idx):
+        if self.global_step == step:
+            raise RuntimeError(f"boom at step {step}")
+        return orig(self, batch, batch_idx)
+
+    monkeypatch.setattr(Seq2SeqModule, "training_step", boom)
+
+
+def test_a_crashed_then_continued_run_logs_each_step_once_to_wandb(small_corpus, tmp_path, monkeypatch):
+    """A crash at step 14 leaves W&B's history through step 13 and the full checkpoint of step 10:
+    the continuation replays 11-13, and the W&B run (both legs' files) must hold each step once,
+    with the final summary = results.json. (A kill -9 lands before wandb flushes on this scale;
+    then the replay fills what the file lacks, also once.)"""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = overrides(small_corpus, tmp_path / "run", tmp_path / "cache", "logger=[wandb,csv]",
+                     "trainer.log_every_n_steps=1")
+    with monkeypatch.context() as m:
+        crash_at(m, 14)
+        with pytest.raises(RuntimeError, match="boom"):
+            run(compose_cfg(args))
+    first, _, _ = wandb_history(tmp_path / "run")
+    assert max(r["trainer/global_step"] for r in first if "train/loss" in r) == 13
+    assert max(s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")) == 10
+    results = run(compose_cfg(args))  # the same command again: continues from step 10
+    rows, summary, exits = wandb_history(tmp_path / "run")
+    steps = [r["trainer/global_step"] for r in rows if "train/loss" in r]
+    csv_steps = [int(r["step"]) for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv"))
+                 if r.get("train/loss")]
+    assert len(steps) == len(set(steps)) and sorted(steps) == csv_steps and len(steps) >= STEPS - 1, steps
+    valid = [r["trainer/global_step"] for r in rows if "valid/loss" in r]
+    assert valid == sorted(set(valid)) and len(valid) == STEPS // 8  # 8, 16, 24: once each
+    assert summary["status"] == results["status"] == "completed" and summary["steps"] == STEPS
+    assert exits == [1, 0]  # the crashed leg is failed in W&B, the continuation finished
+
+
+def test_a_crashed_run_is_failed_in_wandb_as_in_results(small_corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    crash_at(monkeypatch, 3)
+    with pytest.raises(RuntimeError, match="boom"):
+        run(compose_cfg(overrides(small_corpus, tmp_path / "run", tmp_path / "cache", "logger=[wandb,csv]")))
+    _, summary, exits = wandb_history(tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert summary["status"] == results["status"] == "failed"
+    assert summary["error"] == results["error"] == "RuntimeError: boom at step 3"
+    assert exits == [1]  # W&B's own run state: failed, not finished

@@ -45,8 +45,29 @@ def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group
         logger = cls(**kwargs)
         if _is_wandb(cls):  # Lightning passes anonymous=None, which wandb warns about on every run
             getattr(logger, "_wandb_init", {}).pop("anonymous", None)
+            if run_id or kwargs.get("id"):  # a continued run: its earlier legs' files are read
+                _log_each_step_once(logger, Path(kwargs.get("save_dir") or run_dir) / "wandb")
         loggers.append(logger)
     return loggers
+
+
+def _log_each_step_once(logger, wandb_dir: Path) -> None:
+    """A continued run replays the steps between its checkpoint and the kill (or crash); the CSV
+    history is trimmed to the checkpoint (run_folder.restore_csv_histories), but a W&B run only
+    appends. So the W&B logger skips the steps the earlier legs' run files hold (the replay logs the
+    same values: continuation is exact)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from normlab.wandb_files import last_logged_step
+
+    before, log_metrics = last_logged_step(wandb_dir), logger.log_metrics
+
+    @rank_zero_only  # as Lightning's own log_metrics
+    def log_once(metrics, step=None):
+        if step is None or step > before:
+            log_metrics(metrics, step)
+
+    logger.log_metrics = log_once
 
 
 SERIES_PREFIXES = ("valid", "test", "train")  # results.json keys that are also a logged series' name
@@ -70,6 +91,7 @@ def finish_loggers(loggers: list, results: dict | None = None) -> None:
 
             if wandb.run is not None:
                 wandb.run.summary.update(wandb_summary(results or {}))
-                wandb.finish()
+                # W&B's run state says what results.json says: a crash is "failed" in both
+                wandb.finish(exit_code=1 if (results or {}).get("status") in ("failed", "interrupted") else 0)
         else:
             logger.finalize("success" if (results or {}).get("status") == "completed" else "failed")

@@ -196,6 +196,9 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         results.update(final_scores(cfg, trainer, module, dm, run_dir))
         if choices.get("debug") and results["status"] == "completed":
             results["status"] = "debug"  # never a finished run: the same command runs it again (conf/debug)
+    except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
+        results.update(status="failed", error=f"{type(err).__name__}: {err}")
+        raise
     finally:
         if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
             results["status"] = "interrupted"
