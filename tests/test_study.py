@@ -193,6 +193,18 @@ def test_prune_metrics_from_records(tmp_path):
     assert rec.metric("prune.search_on_valid.r3.test_bleu") is None
 
 
+def test_end_value_of_a_logged_series(tmp_path):
+    """end.train_nll: the mean over the last tenth of the steps (here steps 90-100 of 100), from metrics.csv."""
+    out = tmp_path / "out"
+    record(out, "a", 1, test_bleu=20.0)
+    rows = ["epoch,step,train/nll,valid/nll"] + [f"0,{s},{s / 10},," for s in range(0, 101, 5)] + ["0,100,,7.0"]
+    (out / "runs" / "a-s1" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    rec = load_records(out)["a"][0]
+    assert rec.metric("end.train_nll") == pytest.approx((9.0 + 9.5 + 10.0) / 3)
+    assert rec.metric("end.valid_nll") == 7.0
+    assert rec.metric("end.test_bleu") is None  # not a logged series
+
+
 def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     index = tmp_path / "README.md"
     index.write_text(f"# Studies\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n")

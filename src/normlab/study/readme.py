@@ -115,6 +115,11 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         st = ", ".join(f"{k} {n}" for k, n in row["statuses"].items()) or "not run"
         lines.append(f"| {row['label']} | `{row['overrides']}` | {st} | " +
                      " | ".join(mean_sd(row[m]) for m in metrics) + " |")
+    if any(m.startswith("end.") for m in metrics):
+        lines += ["", "end.<series>: the logged training series averaged over the run's last tenth of steps "
+                  "(train_nll: the per-token NLL of the training batches, with the run's own dropout, LayerDrop "
+                  "or DropHead on); beside valid_nll it tells an undertrained arm (both high) from an "
+                  "overfitted one (train low, valid high)."]
     lines += ["", f"Per seed ({metrics[0]}):", ""]
     for row in rows:
         per = ", ".join(f"s{s}: {fmt(v)} ({st})" for s, (v, st) in sorted(row["per_seed"].items())) or "not run"

@@ -22,9 +22,12 @@ class Record:
         return str(self.results.get("status") or "failed")
 
     def metric(self, name: str) -> float | None:
-        """A results.json score, or a pruned model's: prune.<strategy>.r<kept>.<column>."""
+        """A results.json score, a pruned model's (prune.<strategy>.r<kept>.<column>), or a logged
+        series' value at the end of training (end.<series>, e.g. end.train_nll)."""
         if name.startswith("prune."):
             return self.prune_metric(name)
+        if name.startswith("end."):
+            return self.end_value(name[4:])
         v = self.results.get(name)
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
@@ -39,6 +42,16 @@ class Record:
                 v = row.get(column)
                 return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
         return None
+
+    def end_value(self, series: str) -> float | None:
+        """The mean of a logged series over the run's last tenth of steps: the training loss where
+        training ended, smoothed over the noise of single batches."""
+        points = self.curve(series)
+        if not points:
+            return None
+        last = max(s for s, _ in points)
+        tail = [v for s, v in points if s >= 0.9 * last]
+        return sum(tail) / len(tail)
 
     def hypotheses(self) -> list[str] | None:
         path = self.path / "test.hyp.gz"

@@ -85,7 +85,7 @@ class Study:
     budget_overrides: tuple[str, ...] = ()
     paper_preset: dict = field(default_factory=dict)
     curves: str = "valid_loss"
-    table_metrics: tuple[str, ...] = ("test_bleu", "test_chrf", "valid_bleu", "valid_nll")
+    table_metrics: tuple[str, ...] = ("test_bleu", "test_chrf", "valid_bleu", "valid_nll", "end.train_nll")
     prune_overrides: dict = field(default_factory=dict)  # the budget's prune settings (smoke: 20 sentences)
     kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
     probe: dict = field(default_factory=dict)
