@@ -209,6 +209,12 @@ def test_train_prune_decode(layerdrop_run, capsys):
     batches, _ = lines_loader(tok, dm.sources("test")[:12], model.cfg.max_positions, 8192)
     hyps = translate_batches(model, batches, make_decoder(beam=1), tok.decode)
     assert score(ordered(hyps, 12), refs)["bleu"] == rows["every_other"]["test_bleu"]
+    # each model's test translations are kept, in corpus order: they score the table's BLEU
+    kept = (out / "hyps" / "every_other-r2.test.hyp").read_text().split("\n")[:-1]
+    assert kept == ordered(hyps, 12)
+    for tag, row in (("full", rows["full"]), ("search_on_valid-r2", rows["search_on_valid"])):
+        lines = (out / "hyps" / f"{tag}.test.hyp").read_text().split("\n")[:-1]
+        assert score(lines, refs)["bleu"] == row["test_bleu"], tag
     # the same model from prune() in memory
     full, _ = load_model(resolve_checkpoint(run_dir))
     assert torch.equal(prune(full, [0, 2], [0, 2]).state_dict()["encoder.layers.1.ffn.sublayer.fc1.weight"],

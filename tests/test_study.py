@@ -2,6 +2,7 @@
 verdict, best_of chosen on validation, similar / fails / trains, pruned-model metrics), and a study
 runs, continues after SIGTERM, skips what it recorded and writes its README."""
 import json
+import shutil
 import re
 import os
 import signal
@@ -205,6 +206,41 @@ def test_end_value_of_a_logged_series(tmp_path):
     assert rec.metric("end.test_bleu") is None  # not a logged series
 
 
+def test_bootstrap_over_pruned_models_translations(tmp_path):
+    """A claim on pruned models' test BLEU is bootstrapped from the translations the record keeps
+    (prune.<strategy>.r<kept>.test.hyp.gz); a record without them falls back to t, and says so."""
+    import gzip
+
+    from normlab.study.stats import corpus_bleu, sentence_stats
+
+    refs = [f"the cat number {i} sat on the mat today" for i in range(60)]
+    good = [r if i % 3 else "the cat sat" for i, r in enumerate(refs)]
+    bad = [r if i % 2 else "a dog" for i, r in enumerate(refs)]
+
+    def bleu(hyps):
+        return round(float(corpus_bleu(sentence_stats(hyps, refs).sum(0))), 4)
+
+    out = tmp_path / "out"
+    for seed in (1, 2):
+        record(out, "a", seed, test_bleu=bleu(bad))
+        (out / "runs" / f"a-s{seed}" / "prune.json").write_text(json.dumps({"rows": [
+            {"strategy": "every_other", "kept": 1, "test_bleu": bleu(good)}]}))
+        with gzip.open(out / "runs" / f"a-s{seed}" / "prune.every_other.r1.test.hyp.gz", "wt") as f:
+            f.write("".join(h + "\n" for h in good))
+        with gzip.open(out / "runs" / f"a-s{seed}" / "test.hyp.gz", "wt") as f:
+            f.write("".join(h + "\n" for h in bad))
+    c = claim(better="a", than="a", metric="prune.every_other.r1.test_bleu", than_metric="test_bleu",
+              interval="bootstrap")
+    study = load_study(str(write_study_file(tmp_path, [c])))
+    (v,) = judge(study, load_records(out), refs)
+    assert v.interval.method.startswith("bootstrap") and v.verdict == "held", v.interval
+    assert v.interval.diff == pytest.approx(bleu(good) - bleu(bad), abs=0.01)
+    for seed in (1, 2):
+        (out / "runs" / f"a-s{seed}" / "prune.every_other.r1.test.hyp.gz").unlink()
+    (v,) = judge(study, load_records(out), refs)
+    assert v.interval.method.startswith("t over") and "t interval" in v.note
+
+
 def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     index = tmp_path / "README.md"
     index.write_text(f"# Studies\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n")
@@ -354,8 +390,19 @@ def test_a_study_prunes_its_runs_and_judges_pruned_metrics(tmp_path):
         prune = json.loads((rec.path / "prune.json").read_text())
         assert prune["decoder"]["beam"] == 2 and prune["decoder"]["max_len_b"] == 4  # the smoke budget's
         assert rec.metric("prune.every_other.r1.test_bleu") is not None
+        hyps = rec.hypotheses("prune.every_other.r1.test_bleu")  # each pruned model's translations, kept
+        assert len(hyps) == prune["sentences"]["test"] and rec.hypotheses("prune.search_on_valid.r1.test_bleu")
     (claim_,) = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
     assert claim_["verdict"] == "held" and claim_["difference"]["method"] == "t over 2 paired seeds"
+    # records pruned before pruning kept translations: the same command prunes again, trains nothing
+    for rec in recs:
+        for f in rec.path.glob("prune.*.test.hyp.gz"):
+            f.unlink()
+    for hyps in (tmp_path / "runs").glob("*/prune/hyps"):
+        shutil.rmtree(hyps)
+    r = run_study([str(study), "study.budget=smoke", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")])
+    assert r.returncode == 0 and r.stdout.count("prune ld seed") == 2 and "start ld" not in r.stdout, r.stdout
+    assert all(rec.hypotheses("prune.every_other.r1.test_bleu") for rec in load_records(tmp_path / "out")["ld"])
 
 
 @pytest.mark.slow

@@ -13,8 +13,9 @@ the unpruned model comes first. search_on_valid ranks subsets by --search-metric
 split (default: loss, i.e. −NLL, cheap; bleu decodes every candidate). data_driven needs a model
 trained with regularizer.layerdrop_rates=learned; for other models its rows say "n/a".
 
-Writes <out>/prune.{md,csv,json,png} (default out: <run>/prune); existing files are only
-replaced with --force. --save-checkpoints also writes each pruned model as an ordinary checkpoint
+Writes <out>/prune.{md,csv,json,png} (default out: <run>/prune) and each model's test
+translations, <out>/hyps/<strategy>-r<r>.test.hyp (full.test.hyp: the unpruned model), in corpus
+order, for significance tests; existing tables are only replaced with --force. --save-checkpoints also writes each pruned model as an ordinary checkpoint
 (<out>/checkpoints/<strategy>-r<r>.ckpt) that load_model / translate / evaluate accept.
 """
 from __future__ import annotations
@@ -67,9 +68,11 @@ class Split:
             ntok += int(tgt.ne(model.cfg.pad_id).sum())
         return total / max(ntok, 1)
 
+    def translate(self, model, decode, detok) -> list[str]:
+        return ordered(translate_batches(model, self.decode_batches, decode, detok), len(self.refs))
+
     def bleu(self, model, decode, detok) -> dict:
-        hyps = translate_batches(model, self.decode_batches, decode, detok)
-        return score(ordered(hyps, len(self.refs)), self.refs)
+        return score(self.translate(model, decode, detok), self.refs)
 
 
 def _data_config(run_dir: Path, config: str | None) -> dict:
@@ -91,15 +94,21 @@ def _ints(text: str) -> list[int]:
 
 def run_pruning(model, tok, splits: dict[str, Split], strategies: list[str], depths: list[int], decoder: dict,
                 search_metric: str = "loss", max_exhaustive: int = 64, save_dir: Path | None = None,
-                progress: bool = True) -> list[dict]:
+                progress: bool = True, hyp_dir: Path | None = None) -> list[dict]:
+    """One row per pruned model (and the full one). hyp_dir: each model's test translations are kept
+    as <strategy>-r<kept>.test.hyp (full.test.hyp), for a paired bootstrap over sentences (normlab-study)."""
     decode = make_decoder(**decoder)
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
 
-    def evaluate(m) -> dict:
+    def evaluate(m, tag: str) -> dict:
         out = {}
         for name, s in splits.items():
-            out[f"{name}_bleu"] = s.bleu(m, decode, tok.decode)["bleu"]
+            hyps = s.translate(m, decode, tok.decode)
+            out[f"{name}_bleu"] = score(hyps, s.refs)["bleu"]
             out[f"{name}_nll"] = round(s.nll(m), 4)
+            if hyp_dir is not None and name == "test":
+                text = "".join(h + "\n" for h in hyps).encode()
+                atomic_write_bytes(hyp_dir / f"{tag}.test.hyp", lambda f: f.write(text))
         return out
 
     search_cache: dict[tuple, float] = {}
@@ -116,7 +125,7 @@ def run_pruning(model, tok, splits: dict[str, Split], strategies: list[str], dep
     bar = tqdm(total=len(jobs) + 1, unit="model", disable=not progress, file=sys.stderr)
     bar.set_description("full")
     rows = [{"strategy": "full", "kept": max(n_enc, n_dec), "encoder_layers": list(range(n_enc)),
-             "decoder_layers": list(range(n_dec)), **evaluate(model), "note": ""}]
+             "decoder_layers": list(range(n_dec)), **evaluate(model, "full"), "note": ""}]
     bar.update()
     rates = learned_rates(model)
     for strategy, r in jobs:
@@ -128,7 +137,7 @@ def run_pruning(model, tok, splits: dict[str, Split], strategies: list[str], dep
         else:
             keep_enc, keep_dec = choose(strategy, model, r_enc, r_dec, search_score, max_exhaustive)
             pruned = prune(model, keep_enc, keep_dec)
-            row.update(encoder_layers=keep_enc, decoder_layers=keep_dec, **evaluate(pruned))
+            row.update(encoder_layers=keep_enc, decoder_layers=keep_dec, **evaluate(pruned, f"{strategy}-r{r}"))
             if save_dir is not None:
                 save_model(save_dir / f"{strategy}-r{r}.ckpt", pruned, tok.proto,
                            pruned_from={"strategy": strategy, "encoder_layers": keep_enc, "decoder_layers": keep_dec})
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CommandError(str(e)) from None
     splits = {s: Split(dm, s, args.max_sentences, args.max_tokens) for s in ("valid", "test")}
     rows = run_pruning(model, tok, splits, strategies, depths, decoder, args.search_metric, args.max_exhaustive,
-                       save_dir, progress=not args.quiet)
+                       save_dir, progress=not args.quiet, hyp_dir=out / "hyps")
     sig = score(["x"], ["x"])["bleu_signature"]
     meta = {"checkpoint": str(ckpt_path), "strategies": strategies, "depths": depths, "decoder": decoder,
             "search_metric": args.search_metric, "max_exhaustive": args.max_exhaustive,

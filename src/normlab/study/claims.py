@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normlab.study.records import Record
+from normlab.study.records import Record, is_test_bleu
 from normlab.study.spec import Claim, Study, lower_is_better
 from normlab.study.stats import Interval, corpus_bleu, paired_bootstrap, paired_t, sentence_stats
 
@@ -108,8 +108,8 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     if not seeds:
         return v
     iv = None
-    if claim.interval == "bootstrap" and ma == mb == "test_bleu":
-        iv = _bootstrap([A[s] for s in seeds], [B[s] for s in seeds], refs)
+    if claim.interval == "bootstrap" and is_test_bleu(ma) and is_test_bleu(mb):
+        iv = _bootstrap([A[s] for s in seeds], [B[s] for s in seeds], refs, ma, mb)
         if iv is None:
             v.note = "; ".join(filter(None, [v.note, "no test hypotheses, or references that do not reproduce "
                                                      "test_bleu, for the bootstrap: t interval"]))
@@ -142,18 +142,19 @@ def _mean(values: list) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _bootstrap(a: list[Record], b: list[Record], refs: list[str] | None) -> Interval | None:
+def _bootstrap(a: list[Record], b: list[Record], refs: list[str] | None, ma: str = "test_bleu",
+               mb: str = "test_bleu") -> Interval | None:
     if refs is None:
         return None
     stats_a, stats_b = [], []
-    for side, out in ((a, stats_a), (b, stats_b)):
+    for side, out, metric in ((a, stats_a, ma), (b, stats_b, mb)):
         for r in side:
-            hyps = r.hypotheses()
+            hyps = r.hypotheses(metric)
             if hyps is None or len(hyps) != len(refs):
                 return None
             stats = sentence_stats(hyps, refs)
             # the references must be the ones the run was scored against: its own corpus BLEU again
-            if abs(float(corpus_bleu(stats.sum(0))) - float(r.metric("test_bleu") or -1)) > 0.01:
+            if abs(float(corpus_bleu(stats.sum(0))) - float(r.metric(metric) or -1)) > 0.01:
                 return None
             out.append(stats)
     return paired_bootstrap(stats_a, stats_b)

@@ -53,8 +53,12 @@ class Record:
         tail = [v for s, v in points if s >= 0.9 * last]
         return sum(tail) / len(tail)
 
-    def hypotheses(self) -> list[str] | None:
-        path = self.path / "test.hyp.gz"
+    def hypotheses(self, metric: str = "test_bleu") -> list[str] | None:
+        """The test translations a BLEU metric was computed from: test.hyp.gz for test_bleu,
+        prune.<strategy>.r<kept>.test.hyp.gz for prune.<strategy>.r<kept>.test_bleu."""
+        if not is_test_bleu(metric):
+            return None
+        path = self.path / f"{metric[:-len('_bleu')]}.hyp.gz"
         if not path.is_file():
             return None
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -72,6 +76,11 @@ class Record:
                 if row.get(key) not in (None, ""):
                     out.append((int(row["step"]), float(row[key])))
         return out
+
+
+def is_test_bleu(metric: str) -> bool:
+    """A test BLEU whose translations a record keeps: the run's, or one of its pruned models'."""
+    return metric == "test_bleu" or (metric.startswith("prune.") and metric.endswith(".test_bleu"))
 
 
 def load_records(out: Path) -> dict[str, list[Record]]:

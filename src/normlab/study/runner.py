@@ -95,7 +95,12 @@ def record_done(job: Job) -> dict | None:
     if not path.is_file():
         return None
     res = json.loads(path.read_text())
-    return res if res.get("identity_hash") == job.identity_hash and res.get("status") in FINISHED else None
+    if res.get("identity_hash") != job.identity_hash or res.get("status") not in FINISHED:
+        return None
+    if (job.arm.prune and res.get("status") == "completed" and not list(job.record.glob("prune.*.test.hyp.gz"))
+            and (job.run_dir / "results.json").is_file()):
+        return None  # pruned before pruning kept its translations: prune again (the run folder is here)
+    return res
 
 
 def run_results(job: Job) -> dict | None:
@@ -123,17 +128,24 @@ def write_record(study: Study, job: Job, res: dict) -> None:
         shutil.copy(job.run_dir / "csv" / "metrics.csv", tmp / "metrics.csv")
     if (job.run_dir / "prune" / "prune.json").is_file():
         shutil.copy(job.run_dir / "prune" / "prune.json", tmp / "prune.json")
+        for hyp in sorted((job.run_dir / "prune" / "hyps").glob("*-r*.test.hyp")):  # every_other-r3.test.hyp
+            strategy, kept = hyp.name[:-len(".test.hyp")].rsplit("-r", 1)
+            with open(hyp, "rb") as src, gzip.GzipFile(tmp / f"prune.{strategy}.r{kept}.test.hyp.gz", "wb",
+                                                       mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
     shutil.rmtree(job.record, ignore_errors=True)
     os.replace(tmp, job.record)
 
 
 def prune_command(job: Job, extra: dict | None = None) -> list[str] | None:
     """The prune command for the arm's settings (depths, strategies, decoder), the budget's on top."""
-    if not job.arm.prune or (job.run_dir / "prune" / "prune.json").is_file():
+    out = job.run_dir / "prune"
+    # done when its table and its models' translations are there (a prune from before the
+    # translations were kept runs again, for the bootstrap over sentences)
+    if not job.arm.prune or ((out / "prune.json").is_file() and any((out / "hyps").glob("*.test.hyp"))):
         return None
     p = {**job.arm.prune, **(extra or {})}
-    cmd = [sys.executable, "-m", "normlab.commands.prune", str(job.run_dir), "--out", str(job.run_dir / "prune"),
-           "--force"]
+    cmd = [sys.executable, "-m", "normlab.commands.prune", str(job.run_dir), "--out", str(out), "--force"]
     if p.get("strategies"):
         cmd += ["--strategies", ",".join(map(str, p["strategies"]))]
     if p.get("depths"):
