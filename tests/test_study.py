@@ -419,3 +419,24 @@ def test_every_shipped_study_runs_at_smoke_budget(name, tmp_path):
     claims = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
     assert [c["id"] for c in claims] == [c.id for c in study.claims]
     assert (tmp_path / "out" / "README.md").read_text().startswith(f"# {study.title}")
+
+
+def test_jobs_default_to_one_per_core_on_a_cpu_machine(monkeypatch):
+    """benchmarks/README.md: two single-thread runs finish 1.5-1.8x the runs per hour of one run on
+    both cores here; with a GPU the runs take turns on it."""
+    import os
+
+    import torch
+
+    from normlab.commands.study import parse
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert parse(["twt_lowres"]).jobs == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert parse(["twt_lowres"]).jobs == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert parse(["twt_lowres"]).jobs == 2  # more is not measured
+    assert parse(["twt_lowres", "--jobs", "1"]).jobs == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parse(["twt_lowres"]).jobs == 1

@@ -109,3 +109,36 @@ def test_a_bad_command_flag_is_one_line_too(capsys):
     assert main_guard(translate.main, ["run", "--beam", "four"]) == 2
     assert one_error_line(capsys) == ("error: python -m normlab.commands.translate: argument --beam: invalid int value: "
                                       "'four' (see python -m normlab.commands.translate --help)")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(small_corpus, tmp_path_factory):
+    from normlab.train import run
+
+    from conftest import compose_cfg, tiny_overrides
+
+    tmp = tmp_path_factory.mktemp("start")
+    results = run(compose_cfg(tiny_overrides(small_corpus, tmp / "run", tmp / "cache") + ["trainer.max_steps=2"]))
+    assert results["status"] == "completed"
+    return tmp / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize("start, override, says", [
+    # a typed model key that does not combine with the checkpoint's model
+    ("resume", "model.d_model=48", "model.d_model=48 do not combine: model.share_embeddings: true needs"),
+    # a typed model key that changes a weight's shape
+    ("finetune", "model.encoder_ffn=40", "the weights do not fit the model"),
+    ("resume", "model.encoder_ffn=40", "the checkpoint's weights do not fit the model the command line builds"),
+])
+def test_a_checkpoint_that_does_not_fit_is_one_line_naming_it_and_no_folder(
+        start, override, says, tiny_checkpoint, small_corpus, tmp_path, monkeypatch, capsys):
+    from conftest import tiny_overrides
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NORMLAB_TRACEBACK", raising=False)
+    args = [a for a in tiny_overrides(small_corpus, tmp_path / "new", tmp_path / "cache")
+            if not a.startswith(("++run_dir", "model."))]  # the model is the checkpoint's
+    assert train_main([*args, f"{start}={tiny_checkpoint}", override, f"hydra.run.dir={tmp_path / 'new'}"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: {start}={tiny_checkpoint}: ") and says in line, line
+    assert not (tmp_path / "new").exists()

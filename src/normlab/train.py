@@ -100,6 +100,21 @@ def check_weights_fit(module, ckpt: dict, path) -> None:
                           f"(first difference: {bad[0]}); drop the model overrides, or use finetune=")
 
 
+def _not_combined(cfg: DictConfig, err: ConfigError) -> ConfigError:
+    """A model setting typed on the command line that does not combine with the start checkpoint's
+    model: the error names the checkpoint and the typed keys (the values it lists are both's)."""
+    start = identity.start_checkpoint(cfg)
+    if not start:
+        return err
+    model_keys = ("model", "norm", "regularizer", "init", "data.vocab_size")
+    typed = [o.lstrip("+~") for o in identity.typed_overrides(cfg)
+             if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] in model_keys
+             or o.lstrip("+~").startswith("data.vocab_size=")]
+    key = "finetune" if cfg.get("finetune") else "resume"
+    return ConfigError(f"{key}={start}", f"the checkpoint's model and the command line's {' '.join(typed) or 'settings'} "
+                                         f"do not combine: {err}")
+
+
 def _plugins() -> list:
     plugins: list = [AtomicCheckpointIO()]
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -118,7 +133,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
     apply_checkpoint_model(cfg)
-    validate_run_config(cfg)  # fails before any data is read, naming the key
+    try:
+        validate_run_config(cfg)  # fails before any data is read, naming the key
+    except ConfigError as e:
+        raise _not_combined(cfg, e) from None
     check_machine(cfg)
     callbacks = build_callbacks(cfg)  # so does a bad callback setting
     run_dir = run_dir_of(cfg)

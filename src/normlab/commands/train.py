@@ -80,12 +80,14 @@ def task(cfg: DictConfig) -> float | None:
 
 
 def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
-    """Remove a run folder holding only what Hydra wrote before the job (.hydra/, <job>.log) and the
-    run's identity record (run.json, written before the data is read), and its parents that are left
-    empty (up to the working directory); never a folder with a run's work (checkpoints, results)."""
+    """Remove a run folder holding only what Hydra wrote before the job (.hydra/, <job>.log), the
+    run's identity record (run.json, written before the data is read) and its tokenizer (a copy of
+    the data's or the start checkpoint's, saved before the start weights are checked), and its
+    parents that are left empty (up to the working directory); never a folder with a run's work
+    (checkpoints, results)."""
     from normlab.run_folder import RUN_FILE
 
-    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE}
+    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE, "tokenizer"}
     if not run_dir.is_dir() or any(p.name not in hydra_own for p in run_dir.iterdir()):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
