@@ -142,3 +142,17 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_naming_it_and_no_folder(
     line = one_error_line(capsys)
     assert line.startswith(f"error: {start}={tiny_checkpoint}: ") and says in line, line
     assert not (tmp_path / "new").exists()
+
+
+def test_resume_past_max_steps_is_one_line_and_no_folder(tiny_checkpoint, small_corpus, tmp_path, monkeypatch, capsys):
+    """resume= a checkpoint at step 2 with trainer.max_steps=2: nothing to train (it used to train 0
+    steps and then fail looking for a best checkpoint of the other run)."""
+    from conftest import tiny_overrides
+
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in tiny_overrides(small_corpus, tmp_path / "new", tmp_path / "cache")
+            if not a.startswith(("++run_dir", "model.", "trainer.max_steps"))]
+    assert train_main([*args, f"resume={tiny_checkpoint}", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'new'}"]) == 2
+    assert one_error_line(capsys) == (f"error: resume={tiny_checkpoint}: the checkpoint is at step 2: trainer.max_steps=2 "
+                                      "leaves nothing to train (set it above 2, or use finetune= to start the step count afresh)")
+    assert not (tmp_path / "new").exists()

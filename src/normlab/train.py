@@ -157,6 +157,11 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     start_state = readable(start_ckpt) if start_ckpt else None
     if start_ckpt is not None and start_state is None:
         raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
+    done = int((start_state or {}).get("global_step") or 0)
+    if cfg.get("resume") and not cfg.get("finetune") and cont.checkpoint is None and 0 < cfg.trainer.max_steps <= done:
+        raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
+                                             f"{cfg.trainer.max_steps} leaves nothing to train (set it above {done}, "
+                                             "or use finetune= to start the step count afresh)")
     tok_kwargs = {}
     if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
