@@ -41,6 +41,8 @@ def test_limited_batches_score_what_was_decoded(small_corpus, tmp_path):
     assert len(idx) == len(hyps) == n_test
     refs = dm.references("test")
     assert results["test_bleu"] == score(hyps, [refs[i] for i in idx])["bleu"]
+    # an untrained model writes to the length cap: debug=limit caps it at |src| + 5 tokens
+    assert results["decoders"]["test"]["max_len_b"] == results["decoders"]["valid"]["max_len_b"] == 5
 
 
 def test_debug_options_compose():
