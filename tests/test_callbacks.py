@@ -16,7 +16,7 @@ def names(cfg):
 def test_default_callbacks_in_config_order_and_admin_adds_its_own():
     # (the progress bar is a factory that declines when stdout is not a terminal, as under pytest)
     assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "StallGuard",
-                                      "Diagnostics", "DropHeadSchedule", "TrainLog", "FullStateCheckpoint",
+                                      "ValidateAtEnd", "Diagnostics", "DropHeadSchedule", "TrainLog", "FullStateCheckpoint",
                                       "Preemption"]
     admin = compose_cfg(["norm=postnorm", "init=admin", "init.admin.batches=2"])
     assert names(admin).count("AdminInit") == 1

@@ -165,7 +165,9 @@ def tiny(runs: dict, args: list[str]) -> list[str]:
     if "data=preprocessed" in args:  # a folder, not corpus files: the example's own data.path stays
         over = [o for o in over if not o.startswith(("data.train_", "data.valid_", "data.test_", "data.vocab_size",
                                                        "data.cache_dir"))]
-    return over + ["model.max_positions=256", "trainer.max_steps=1", "trainer.val_check_interval=1",
+    # resume= continues the step count: one step past the tiny run's 6 (fewer is refused, one line)
+    steps = 7 if any(a.startswith("resume=") for a in args) else 1
+    return over + ["model.max_positions=256", f"trainer.max_steps={steps}", "trainer.val_check_interval=1",
                    "eval.test=false", "callbacks.step_checkpoints.keep_last_n=0", "eval.decoder.max_len_a=0",
                    "eval.decoder.max_len_b=5"]
 

@@ -44,6 +44,10 @@ NOT_IDENTITY = (
 # that value, so the runs named before the key existed are still found (continued or skipped).
 NEUTRAL = {
     "callbacks.stall.stop_after": None,  # stopping stalled runs early (off)
+    # validating at the last step too: a run whose max_steps is a multiple of the validation
+    # interval (every preset and study) behaves as before; another continued across the change
+    # validates at its end as well, which only adds a candidate for its best checkpoint
+    "callbacks.validate_at_end": {"_target_": "normlab.callbacks.validate_at_end.ValidateAtEnd"},
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
