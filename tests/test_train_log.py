@@ -65,6 +65,26 @@ def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, mo
     assert re.search(r"final test \(best-step4\.ckpt\)", out)
 
 
+def test_console_lines_carry_the_time_only_and_the_text_log_the_full_prefix(small_corpus, tmp_path, monkeypatch,
+                                                                            capsys):
+    """Console: `[HH:MM:SS] message` (was Hydra's ~45-character `[date time,ms][logger][LEVEL] - `);
+    a warning says so; <run>/train.log keeps the full prefix."""
+    import logging
+
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "eval.test=false")
+    out = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    logged = [line for line in out if re.match(r"\[\d\d:\d\d:\d\d\] \S", line)]
+    assert len(logged) >= 5 and not any("][normlab][INFO]" in line for line in out)
+    assert any(re.match(r"\[\d\d:\d\d:\d\d\] valid: BLEU", line) for line in logged)
+    assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[[\w.]+\]\[\w+\] - ", line)
+               for line in text.splitlines() if line.startswith("[20"))
+    assert "][normlab][INFO] - valid: BLEU" in text
+    from normlab.log_format import ConsoleFormatter
+
+    record = logging.LogRecord("normlab", logging.WARNING, __file__, 1, "no GPU here", None, None)
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] warning: no GPU here", ConsoleFormatter().format(record))
+
+
 def test_corpus_statistics_are_one_readable_line():
     from normlab.data.datamodule import stats_line
 
