@@ -146,12 +146,14 @@ def test_sigterm_writes_a_checkpoint_and_stops(small_corpus, tmp_path):
     assert full_checkpoints(run_dir / "checkpoints")[0][0] == 3
 
 
-def test_resume_takes_the_model_from_the_checkpoint(reference, small_corpus, tmp_path):
+def test_resume_takes_the_model_from_the_checkpoint(reference, small_corpus, tmp_path, caplog):
     root, ref = reference
     # no model overrides: the defaults (d_model 128, 3+3 layers) would not fit the checkpoint
     plain = [o for o in tiny_overrides(small_corpus, tmp_path / "run", root / "cache") if not o.startswith("model.")]
-    results = run(compose_cfg(plain + EXTRA + [f"resume={ref}", f"trainer.max_steps={STEPS + 4}"]))
+    with caplog.at_level("INFO", logger="normlab"):
+        results = run(compose_cfg(plain + EXTRA + [f"resume={ref}", f"trainer.max_steps={STEPS + 4}"]))
     assert results["status"] == "completed" and results["steps"] == STEPS + 4
+    assert any(m.startswith("continuing from ") and m.endswith(f"(step {STEPS})") for m in caplog.messages)  # not "?"
     assert results["params"] == json.loads((ref / "results.json").read_text())["params"]
     model = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]["model"]
     assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (32, 2, 2)

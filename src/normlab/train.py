@@ -200,7 +200,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
                                                  enable_progress_bar=bar, **trainer_overrides(cfg))
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
-        log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else "?")
+        log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
     results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "labels": labels,
                                "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
