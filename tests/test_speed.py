@@ -23,9 +23,26 @@ class SyncCounter(TorchDispatchMode):
         self.ops: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in SYNC_OPS:
-            self.ops.append(func._schema.name)
+        name = func._schema.name
+        if name in SYNC_OPS:
+            self.ops.append(name)
+        elif name in MASK_OPS and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
+                                      for t in _flat(args)):  # the output size depends on device values
+            self.ops.append(f"{name} (boolean mask)")
+        elif name == "aten::bincount":  # sizes its output by the input's max, read back
+            self.ops.append(name)
         return func(*args, **(kwargs or {}))
+
+
+MASK_OPS = ("aten::index", "aten::masked_select", "aten::index_put_", "aten::index_put")
+
+
+def _flat(args):
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _flat(a)
+        else:
+            yield a
 
 
 def _run(small_corpus, tmp_path, *extra):
@@ -87,3 +104,63 @@ def test_bad_compile_value_names_the_key(small_corpus, tmp_path):
 def test_compile_with_inductor_on_cpu(small_corpus, tmp_path):
     results, _ = _run(small_corpus, tmp_path, "model.compile=true", "trainer.max_steps=2")
     assert results["status"] == "completed" and results["compile_s"] > 0
+
+
+HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+         "on_before_optimizer_step", "on_before_zero_grad", "optimizer_step", "training_step", "backward")
+
+
+def test_no_hook_of_the_default_loop_reads_back_from_the_device_on_a_non_logging_step(small_corpus, tmp_path,
+                                                                                     monkeypatch):
+    """Every default callback's per-step hooks and the module's, wrapped in the dispatch-level counter:
+    on a step where nothing is logged, none reads a device value back (on a GPU each would make the
+    host wait for the queue) but the divergence guard's two. Logging steps may (the logged values
+    are read once there)."""
+    import lightning.pytorch as pl
+
+    import normlab.callbacks  # noqa: F401
+    from normlab import train as train_mod
+
+    counted: list[tuple[int, str, str, list]] = []
+
+    def counting(fn, who, name):
+        def hook(*a, **k):
+            trainer = next((x for x in a if isinstance(x, pl.Trainer)), None)
+            if trainer is None and isinstance(a[0], Seq2SeqModule):
+                trainer = a[0].trainer
+            with SyncCounter() as c:
+                out = fn(*a, **k)
+            counted.append((trainer.global_step, who, name, c.ops))
+            return out
+        return hook
+
+    build = train_mod.build_callbacks
+
+    def build_counted(cfg):
+        callbacks = build(cfg)
+        for cb in callbacks:
+            for name in HOOKS:
+                owner = next((k for k in type(cb).__mro__ if name in k.__dict__), None)
+                if owner is not None and owner.__module__.startswith("normlab"):
+                    setattr(cb, name, counting(getattr(cb, name), type(cb).__name__, name))
+        return callbacks
+
+    monkeypatch.setattr(train_mod, "build_callbacks", build_counted)
+    for name in HOOKS:
+        if name in Seq2SeqModule.__dict__:
+            monkeypatch.setattr(Seq2SeqModule, name, counting(Seq2SeqModule.__dict__[name], "Seq2SeqModule", name))
+    results, _ = _run(small_corpus, tmp_path, "trainer.log_every_n_steps=4", "trainer.max_steps=9",
+                      "callbacks.stall.window=2", "callbacks.stall.patience=2", "callbacks.stall.after_step=0", "callbacks.stall.stop_after=100")  # decides often
+    assert results["status"] == "completed"
+    hooks = {(who, name) for _, who, name, _ in counted}
+    assert ("Seq2SeqModule", "training_step") in hooks and ("DivergenceGuard", "on_train_batch_end") in hooks
+    assert ("StallGuard", "on_train_batch_end") in hooks
+    # steps 1-2, 5-6 log nothing (log_every_n_steps=4 logs after steps 3 and 7 ... as Lightning counts)
+    syncing = [(s, who, name, ops) for s, who, name, ops in counted if ops and (s + 1) % 4 != 0 and s % 4 != 0]
+    # Left (issue 18): the divergence guard decides per step on the host: one read of the gradients'
+    # finiteness before the optimizer step (a non-finite step is skipped) and one of the loss after it.
+    # Every other hook reads nothing back; a new read anywhere fails here.
+    # The stall guard reads its window back once per window (every 2 steps here, 50 by default) to decide.
+    known = {("DivergenceGuard", "on_before_optimizer_step"), ("DivergenceGuard", "on_train_batch_end")}
+    assert all(((who, name) in known and len(ops) == 1) or (who, name, s % 2) == ("StallGuard", "on_train_batch_end", 0)
+               for s, who, name, ops in syncing), "\n".join(map(str, syncing))

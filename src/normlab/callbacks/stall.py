@@ -99,12 +99,13 @@ class StallGuard(L.Callback):
         self._start_step = trainer.global_step
         if self.margin is None:
             return
-        tgt = batch["tgt_out"]
-        tokens = tgt[tgt.ne(pl_module.model_cfg.pad_id)]
+        tgt = batch["tgt_out"].reshape(-1)
         if self.counts is None:
             self.counts = torch.zeros(pl_module.model_cfg.vocab_size, dtype=torch.long, device=tgt.device)
         self.counts = self.counts.to(tgt.device)  # after a resume: from the checkpoint's CPU copy, once
-        self.counts += torch.bincount(tokens, minlength=self.counts.numel())
+        # every position, padding included (no boolean mask, no bincount: both read the device back
+        # on a GPU); the padding's count is dropped where the counts are used (_decide)
+        self.counts.index_add_(0, tgt, torch.ones_like(tgt))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = update_loss(self._pending, outputs, trainer.global_step != self._start_step)
@@ -130,6 +131,7 @@ class StallGuard(L.Callback):
         """The stall record if the criterion holds now (one reduction over ranks), else None."""
         o = getattr(pl_module, "optim_cfg", {})
         counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum")
+        counts[pl_module.model_cfg.pad_id] = 0  # target tokens only
         floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
                                        o.get("label_smoothing_convention", "uniform"))
         losses = trainer.strategy.reduce(torch.stack(list(self.losses)), reduce_op="mean").tolist() if self.losses else []
