@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,26 @@ def test_resume_past_max_steps_is_one_line_and_no_folder(tiny_checkpoint, small_
     assert one_error_line(capsys) == (f"error: resume={tiny_checkpoint}: the checkpoint is at step 2: trainer.max_steps=2 "
                                       "leaves nothing to train (set it above 2, or use finetune= to start the step count afresh)")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_rejected_corpus_leaves_nothing_in_the_cache(small_corpus, tmp_path, monkeypatch, capsys):
+    """The cache entry's lock file goes with its holder: a corpus refused while it is built leaves no
+    `.<entry>.lock` (nor a folder) in the cache, and a built entry leaves only its folder."""
+    import shutil
+
+    from conftest import tiny_overrides
+
+    monkeypatch.chdir(tmp_path)
+    bad = {k: str(tmp_path / Path(v).name) for k, v in small_corpus.items()}
+    for k, v in small_corpus.items():
+        shutil.copy(v, bad[k])
+    lines = Path(bad["train_tgt"]).read_bytes().splitlines()
+    Path(bad["train_tgt"]).write_bytes(b"\n".join(lines[:-1] + [b"caf\xe9"]) + b"\n")  # not UTF-8, last line
+    cache = tmp_path / "cache"
+    args = [a for a in tiny_overrides(bad, tmp_path / "r", cache) if not a.startswith("++run_dir")]
+    assert train_main([*args, f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    assert one_error_line(capsys).startswith(f"error: {bad['train_tgt']}:{len(lines)}: ")
+    assert [p.name for p in (cache / "data").iterdir()] == []
+    good = [a for a in tiny_overrides(small_corpus, tmp_path / "g", cache) if not a.startswith("++run_dir")]
+    assert train_main([*good, f"hydra.run.dir={tmp_path / 'g'}", "trainer.max_steps=1", "eval.test=false"]) == 0
+    assert not [p.name for p in (cache / "data").iterdir() if p.name.endswith(".lock")]

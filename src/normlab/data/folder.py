@@ -137,7 +137,9 @@ def _key(parts: dict) -> str:
 @contextmanager
 def _locked(path: Path):
     """One builder per cache entry on this machine (DDP ranks started by torchrun or SLURM, jobs of
-    a sweep); elsewhere the atomic rename keeps concurrent builders safe, only wasteful."""
+    a sweep); elsewhere the atomic rename keeps concurrent builders safe, only wasteful. The lock
+    file is removed by its holder, built or not (a rejected corpus leaves nothing in the cache); a
+    waiter that then locks the removed file only re-checks the manifest, and two builders are safe."""
     try:
         import fcntl
     except ImportError:  # not POSIX
@@ -149,6 +151,10 @@ def _locked(path: Path):
         try:
             yield
         finally:
+            try:
+                os.unlink(path)  # while held
+            except OSError:
+                pass
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
