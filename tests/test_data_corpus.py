@@ -139,3 +139,30 @@ def test_corrupt_gzip_is_named(tmp_path):
     gz.write_bytes(gzip.compress(("ein Satz\n" * 5000).encode())[:-30])
     with pytest.raises(CorpusError, match=r"cut\.de\.gz: corrupt gzip file"):
         scan(gz)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_binary_file_is_named_by_its_first_nul_byte(tmp_path, gz):
+    """A binary file (here text, then bytes with a NUL on line 3) is "not a text corpus", at the
+    line of its first NUL byte, before any line count is compared (it was "line counts differ")."""
+    import gzip
+
+    data = b"ein satz\nnoch einer\nab\x00\x01\xff\ncd\n"
+    path = tmp_path / ("b.de.gz" if gz else "b.de")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(CorpusError, match=rf"b\.de(\.gz)?:3: a NUL byte: not a text corpus \(a binary file\?\)$"):
+        scan(path)
+
+
+def test_an_all_blank_training_corpus_says_so(tmp_path):
+    from normlab.data.preprocess import preprocess
+
+    files = {}
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            (tmp_path / f"{split}.{lang}").write_text("\n \n\n" if split == "train" else "hallo welt\n")
+        files[split] = (tmp_path / f"{split}.de", tmp_path / f"{split}.en")
+    with pytest.raises(CorpusError, match=r"^empty corpus: every line pair of .*train\.de / .*train\.en has an "
+                                          r"empty side \(no text to learn a vocabulary from\)$"):
+        preprocess(files, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -136,6 +136,10 @@ def scan(path: str | Path) -> FileInfo:
                     raise _gzip_error(path, e) from None
                 block = out
             if block:
+                if (nul := block.find(b"\0")) >= 0:  # text never holds one; a binary file (a tensor,
+                    # an archive) would otherwise be reported as "line counts differ"
+                    line = count + block.count(b"\n", 0, nul) + 1
+                    raise CorpusError(f"{path}:{line}: a NUL byte: not a text corpus (a binary file?)")
                 count += block.count(b"\n")
                 last = block[-1:]
     if inflate is not None and not inflate.eof:

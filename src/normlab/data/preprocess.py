@@ -85,6 +85,9 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             lines = sample_training_lines(files["train"], (infos["train", "src"].lines, infos["train", "tgt"].lines),
                                           spm.sample, spm.seed)
             sample_lines = len(lines)
+            if not lines:
+                raise CorpusError(f"empty corpus: every line pair of {files['train'][0]} / {files['train'][1]} "
+                                  "has an empty side (no text to learn a vocabulary from)")
             try:
                 tokenizer = Tokenizer.train(lines, spm.vocab_size, spm.model_type, spm.character_coverage, spm.seed)
             except RuntimeError as e:  # e.g. a vocabulary larger than these lines allow
