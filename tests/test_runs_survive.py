@@ -146,6 +146,27 @@ def test_sigterm_writes_a_checkpoint_and_stops(small_corpus, tmp_path):
     assert full_checkpoints(run_dir / "checkpoints")[0][0] == 3
 
 
+def test_an_unreadable_newer_checkpoint_never_displaces_a_readable_one(small_corpus, tmp_path):
+    """Preempted at step 18 (full-step18 off the every-5 schedule), that file then cut short: the
+    rerun continues from full-step15 and must drop the unreadable 18 (the abandoned leg's), else the
+    pruning after its save at 20 keeps [20, 18] and deletes 15; with 20 broken too, nothing readable
+    would be left and the run would start again from step 0."""
+    run_dir = tmp_path / "run"
+    args = overrides(small_corpus, run_dir, tmp_path / "cache", "eval.valid_bleu=false")
+    p = train_subprocess(args, at_step=17, sig=signal.SIGTERM)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr[-2000:]
+    ck = run_dir / "checkpoints"
+    assert [s for s, _ in full_checkpoints(ck)] == [18, 15]
+    (ck / "full-step18.ckpt").write_bytes((ck / "full-step18.ckpt").read_bytes()[:1000])
+    p = train_subprocess(args, at_step=22, sig=signal.SIGKILL)  # continues from 15, saves 20, killed
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert [s for s, _ in full_checkpoints(ck)] == [20, 15]
+    (ck / "full-step20.ckpt").write_bytes(b"cut")
+    p = train_subprocess(args)
+    assert p.returncode == 0 and "full-step15.ckpt (step 15)" in p.stdout + p.stderr, p.stderr[-2000:]
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == STEPS
+
+
 def test_resume_takes_the_model_from_the_checkpoint(reference, small_corpus, tmp_path, caplog):
     root, ref = reference
     # no model overrides: the defaults (d_model 128, 3+3 layers) would not fit the checkpoint

@@ -178,6 +178,14 @@ class FullStateCheckpoint(Checkpoint):
         self._last_step = int(checkpoint.get("global_step", -1))
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # A full checkpoint newer than the step this run starts from could not be read (the run
+        # folder's newest readable one is where a continuation starts): it belongs to the abandoned
+        # leg, and left in place it would count among the `keep` newest and the pruning after the next
+        # save would delete a readable one in its stead.
+        if trainer.is_global_zero and self.dirpath is not None:
+            for step, path in full_checkpoints(self.dirpath):
+                if step > trainer.global_step:
+                    path.unlink(missing_ok=True)
         # RNG last, right before the first batch: nothing between here and training_step draws.
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)
