@@ -37,7 +37,7 @@ def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypa
         assert float(m.group(5)) == pytest.approx(float(row["train/nll"]), abs=6e-4)
         assert float(m.group(7)) == pytest.approx(float(row["train/lr"]), rel=6e-3)
     # one line per record, no None for a run without a test, no third-party notices
-    for noise in ("None", "💡 Tip", "LeafSpec", "Traceback", "INFO: "):
+    for noise in ("None", "💡 Tip", "LeafSpec", "Traceback", "INFO: ", "Seed set to"):
         assert noise not in out, noise
     assert out.count("GPU available") <= 1 and "test:" not in out and "valid: BLEU" in out
 

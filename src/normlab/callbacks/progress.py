@@ -43,6 +43,8 @@ NOISE_RECORDS = (
     ("lightning.pytorch.utilities.rank_zero", "TPU available: False"),
     # Lightning restoring its own training state (normlab's loads are weights-only, README)
     ("lightning.pytorch.trainer.connectors.checkpoint_connector", "`weights_only` was not set"),
+    # the seed is in the run's name, results.json and W&B; the line came before any error line too
+    ("lightning.fabric.utilities.seed", "Seed set to"),
 )
 NOISE_WARNINGS = (
     # Lightning's own checkpoint reads; every checkpoint normlab loads itself is weights-only
