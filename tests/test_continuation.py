@@ -44,6 +44,11 @@ def test_finished_other_and_retrained_runs(tmp_path):
     again = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=True)
     assert again.finished is None and again.checkpoint is None and again.wandb_id != first.wandb_id
     assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+    # another rank started beside rank 0 (torchrun, SLURM) may look before rank 0 has wiped: it
+    # must start from step 0 too, not from the checkpoint about to be deleted
+    _ckpt(tmp_path / "checkpoints" / "full-step4.ckpt", 4)
+    other = prepare(tmp_path, {"seed": 1}, "h1", "run-h1", retrain=True, rank_zero=False)
+    assert other.checkpoint is None and (tmp_path / "checkpoints" / "full-step4.ckpt").exists()
 
 
 def test_csv_history_is_cut_at_the_continuation_step_and_extended(tmp_path):

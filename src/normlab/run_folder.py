@@ -166,7 +166,9 @@ def prepare(run_dir: Path, ident: dict, ident_hash: str, name: str, retrain: boo
     if rank_zero:
         for tmp in ckdir.glob(".*.tmp"):  # an atomic write killed before its rename
             tmp.unlink(missing_ok=True)
-    for step, path in full_checkpoints(ckdir):
+    # retrain starts from step 0 on every rank: rank 0 wipes the folder, and a rank started beside it
+    # (torchrun, SLURM) must not pick up a checkpoint it has not deleted yet
+    for step, path in [] if retrain else full_checkpoints(ckdir):
         if readable(path) is not None:
             out.checkpoint, out.step = path, step
             break
