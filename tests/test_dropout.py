@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from normlab.model.dropout import Dropout, _keep_mask
 
@@ -85,3 +86,30 @@ def test_fused_add_still_runs_forward_hooks_on_the_dropout():
     y = d.add(r, x)
     assert len(seen) == 1
     torch.testing.assert_close(y, r + seen[0])
+
+
+def test_nan_stays_nan_where_dropped_as_in_torch():
+    """Divergence must show: a NaN activation is NaN after dropout at dropped positions too
+    (torch's dropout multiplies by the mask; a where() would turn it into 0)."""
+    x = torch.full((64, 64), float("nan"), requires_grad=True)
+    drop = Dropout(0.5).train()
+    torch.manual_seed(0)
+    assert torch.isnan(drop(x)).all() and torch.isnan(drop.add(torch.zeros(64, 64), x)).all()
+    assert torch.isnan(F.dropout(x, 0.5, True)).all()  # the reference behaviour
+    ones = torch.ones(64, 64, requires_grad=True)
+    drop(ones).backward(torch.full((64, 64), float("nan")))
+    assert torch.isnan(ones.grad).all()  # gradients likewise
+
+
+def test_fused_add_keeps_a_wider_residual_stream():
+    """Under CPU autocast the branch is bf16 and the residual fp32: residual + dropout(x) is fp32,
+    equal to the unfused sum (it was rounded to bf16 by an in-place add)."""
+    residual = torch.randn(32, 48) * 3
+    x = torch.randn(32, 48).to(torch.bfloat16)
+    drop = Dropout(0.3).train()
+    torch.manual_seed(1)
+    fused = drop.add(residual, x)
+    torch.manual_seed(1)
+    plain = residual + drop(x)
+    assert fused.dtype == plain.dtype == torch.float32
+    assert torch.equal(fused, plain)

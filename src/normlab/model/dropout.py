@@ -36,13 +36,17 @@ class _CpuDropout(torch.autograd.Function):
         keep = _keep_mask(x, drop)
         ctx.scale, ctx.residual = _LEVELS / (_LEVELS - drop), residual is not None
         ctx.save_for_backward(keep)
-        out = torch.where(keep, x, 0.0).mul_(ctx.scale)
-        return out if residual is None else out.add_(residual)
+        out = x.mul(keep).mul_(ctx.scale)  # x * 0 at dropped positions, as torch's: a NaN stays NaN
+        if residual is None:
+            return out
+        # in place only at one dtype: under autocast the branch is bf16 and the residual stream fp32,
+        # which `residual + dropout(x)` keeps in fp32 (an in-place add would round it to bf16)
+        return out.add_(residual) if out.dtype == residual.dtype else residual + out
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0.0).mul_(ctx.scale), grad if ctx.residual else None, None
+        return grad.mul(keep).mul_(ctx.scale), grad if ctx.residual else None, None
 
 
 def _fast(x: torch.Tensor, p: float, training: bool) -> int | None:
