@@ -209,6 +209,25 @@ def test_a_wall_clock_cap_says_it_stopped_the_run(small_corpus, tmp_path, capsys
     assert "stopped by trainer.max_time" in capsys.readouterr().out
 
 
+def test_a_max_time_stop_is_a_pause_the_rerun_continues_exactly(reference, small_corpus, tmp_path, monkeypatch):
+    """trainer.max_time stops at a step boundary with a full checkpoint and no validation off the
+    schedule (Lightning's Timer stopped via should_stop, which validates), so the rerun ends bitwise
+    equal to the uninterrupted run. The clock is faked: one second per micro-batch, 13 allowed."""
+    from normlab.callbacks import preemption
+
+    root, ref = reference
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(preemption, "clock", lambda: float(next(ticks)))
+    args = overrides(small_corpus, tmp_path / "run", root / "cache", "trainer.max_time={seconds: 13}")
+    first = run(compose_cfg(args))
+    assert (first["status"], first["stopped_by"], first["steps"]) == ("stopped", "max_time", 13)
+    assert [s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")][0] == 13
+    monkeypatch.undo()
+    results = run(compose_cfg(args))
+    assert results["status"] == "completed"
+    assert_same_run(ref, tmp_path / "run", "stopped by max_time at step 13")
+
+
 def wandb_history(run_dir) -> tuple[list[dict], dict, list[int]]:
     """Every leg's offline W&B history rows, the summary (last leg wins) and the legs' exit codes."""
     from conftest import wandb_records

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from normlab import identity
 from normlab.budget import stopped_by_time, trainer_overrides
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
-from normlab.callbacks.preemption import Preemption
+from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError, check_machine, validate_run_config
@@ -195,9 +195,14 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
     # own, which prints "Epoch 0/-2" bars into redirected logs.
     bar = any(isinstance(c, ProgressBar) for c in callbacks)
+    overrides = trainer_overrides(cfg)
+    preemption = next((c for c in callbacks if isinstance(c, Preemption)), None)
+    if cfg.trainer.get("max_time") and preemption is not None:  # ours: at a step boundary, checkpointed
+        preemption.max_time = max_time_seconds(cfg.trainer.max_time)
+        overrides["max_time"] = None
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
                                                  plugins=_plugins(), default_root_dir=str(run_dir),
-                                                 enable_progress_bar=bar, **trainer_overrides(cfg))
+                                                 enable_progress_bar=bar, **overrides)
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
@@ -210,7 +215,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         except StopAfterCheckpoint:  # preempted: the checkpoint is written, module.status says so
             pass
         status = getattr(module, "status", "completed")
-        if status == "completed" and stopped_by_time(trainer):
+        if (status == "completed" and stopped_by_time(trainer)) or (preemption is not None and preemption.timed_out):
             status = "stopped"
             results["stopped_by"] = "max_time"
             print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "

@@ -13,6 +13,12 @@ status "preempted" and calls `after_run()`:
 The requeued job runs the same command, so it lands in the same run folder and continues there.
 Under DDP the ranks agree every `sync_every_n_steps` steps (one tiny all-reduce) on whether any of
 them was signalled, so they all save and stop at the same step.
+
+`trainer.max_time` (a cap on one invocation) takes the same path when train.py hands its deadline
+here: at the first step boundary past it, a full checkpoint, then the run ends with status
+"stopped" (stopped_by: max_time) and exit 0, and rerunning the same command continues exactly.
+(Lightning's Timer stopped through `should_stop`: between micro-batches of an update, and with a
+validation off the schedule, so the continuation differed from an uninterrupted run.)
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from typing import Any
 
 import lightning as L
@@ -32,6 +39,19 @@ from normlab.config import ConfigError
 
 log = logging.getLogger("normlab")
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
+
+
+def clock() -> float:
+    return time.monotonic()
+
+
+def max_time_seconds(value: Any) -> float:
+    """trainer.max_time as Lightning takes it: "DD:HH:MM:SS" or {days, hours, minutes, seconds}."""
+    if hasattr(value, "keys"):
+        return float(sum(float(value.get(k, 0) or 0) * m for k, m in
+                         (("days", 86400), ("hours", 3600), ("minutes", 60), ("seconds", 1))))
+    d, h, m, sec = (int(x) for x in str(value).split(":"))
+    return float(((d * 24 + h) * 60 + m) * 60 + sec)
 
 
 def slurm_job_id() -> str | None:
@@ -52,6 +72,9 @@ class Preemption(L.Callback):
         self._replaced: dict[int, Any] = {}  # the handlers ours replace during training (Lightning's)
         self._before: dict[int, Any] = {}  # the handlers from before Lightning (e.g. submitit's)
         self._installed = False
+        self.max_time: float | None = None  # seconds of training in this invocation (train.py sets it)
+        self._deadline: float | None = None
+        self.timed_out = False
 
     # ---- the handler: record only ------------------------------------------------------------
     def _handler(self, signum: int, frame) -> None:
@@ -59,6 +82,8 @@ class Preemption(L.Callback):
         self.received = signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        if self.max_time is not None:
+            self._deadline = clock() + self.max_time
         # after Lightning's own handlers (registered just before), which ours replace during training
         if threading.current_thread() is not threading.main_thread():
             return
@@ -82,15 +107,20 @@ class Preemption(L.Callback):
 
     # ---- the decision, at a step boundary (before FullStateCheckpoint looks at it) -------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        late = self._deadline is not None and clock() >= self._deadline
         if trainer.world_size > 1:
             if trainer.global_step % self.sync_every != 0:
                 return
-            flag = torch.tensor([float(self.received or 0)], device=pl_module.device)
+            flag = torch.tensor([float(self.received or 0), float(late)], device=pl_module.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            self.received = int(flag.item()) or None
-        if self.received is None:
+            self.received, late = int(flag[0].item()) or None, bool(flag[1].item())
+        if self.received is None and not late:
             return
-        pl_module.status = "preempted"
+        if self.received is None:  # max_time: a pause, not a preemption (no requeue, exit 0)
+            self.timed_out, self._deadline = True, None
+            pl_module.status = "stopped"
+        else:
+            pl_module.status = "preempted"
         full = next((c for c in trainer.callbacks if isinstance(c, FullStateCheckpoint)), None)
         if full is None:  # nothing to save with: stop at once
             trainer.should_stop = True
