@@ -26,6 +26,7 @@ from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
+from normlab.private_api import logs_this_step
 
 
 log = logging.getLogger("normlab")
@@ -88,7 +89,7 @@ class Seq2SeqModule(L.LightningModule):
         n = max(ntok, 1)
         self._train_tokens += ntok
         self.last_train_stats = (loss.detach(), nll.detach(), ntok)  # sums: the text log line (callbacks/progress.py)
-        if self._logging_step():
+        if logs_this_step(self):
             self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
                           batch_size=n)
             self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
@@ -126,10 +127,6 @@ class Seq2SeqModule(L.LightningModule):
         for p in self.parameters():
             if p.grad is not None:
                 p.grad.mul_(scale)
-
-    def _logging_step(self) -> bool:
-        connector = getattr(self._trainer, "_logger_connector", None)  # None outside Trainer.fit
-        return connector is not None and getattr(connector, "should_update_logs", True)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()

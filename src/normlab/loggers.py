@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from normlab.private_api import drop_wandb_init_key
+
 
 def _is_wandb(logger_or_cls) -> bool:
     cls = logger_or_cls if isinstance(logger_or_cls, type) else type(logger_or_cls)
@@ -44,7 +46,7 @@ def build_loggers(logger_cfg: Any, run_dir: Path, project: str, name: str, group
             kwargs.setdefault("save_dir", str(run_dir))
         logger = cls(**kwargs)
         if _is_wandb(cls):  # Lightning passes anonymous=None, which wandb warns about on every run
-            getattr(logger, "_wandb_init", {}).pop("anonymous", None)
+            drop_wandb_init_key(logger, "anonymous")
             if run_id or kwargs.get("id"):  # a continued run: its earlier legs' files are read
                 _log_each_step_once(logger, Path(kwargs.get("save_dir") or run_dir) / "wandb")
         loggers.append(logger)

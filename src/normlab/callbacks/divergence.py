@@ -64,7 +64,7 @@ class DivergenceGuard(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):  # any inf / NaN element
             if self._scaler(trainer) is not None:  # an fp16 overflow: the scaler skips this step
                 self.overflow_steps += 1
                 return

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 
 from normlab.config import ConfigError
+from normlab.private_api import should_accumulate, validation_due
 
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
@@ -112,11 +113,11 @@ class FullStateCheckpoint(Checkpoint):
     # ---- when --------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
-        if step == self._last_step or trainer.fit_loop._should_accumulate():
+        if step == self._last_step or should_accumulate(trainer):
             return  # no optimizer step since the last save, or mid-accumulation
         if not (self._pending or self.stop_after_save or (self.every and step % self.every == 0)):
             return
-        if self._validation_due(trainer):
+        if validation_due(trainer):
             self._pending = True  # after validation (on_validation_end)
         else:
             self._save(trainer)
@@ -128,13 +129,6 @@ class FullStateCheckpoint(Checkpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
         if self.every and trainer.global_step != self._last_step and trainer.global_step > 0:
             self._save(trainer)
-
-    @staticmethod
-    def _validation_due(trainer: L.Trainer) -> bool:
-        loop = trainer.fit_loop.epoch_loop
-        if not trainer.enable_validation or trainer.limit_val_batches == 0:
-            return False
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
     def _save(self, trainer: L.Trainer) -> None:
         self._pending = False

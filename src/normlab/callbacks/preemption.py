@@ -36,6 +36,7 @@ import torch
 
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
+from normlab.private_api import original_signal_handlers
 
 log = logging.getLogger("normlab")
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
@@ -87,7 +88,7 @@ class Preemption(L.Callback):
         # after Lightning's own handlers (registered just before), which ours replace during training
         if threading.current_thread() is not threading.main_thread():
             return
-        original = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", {}) or {}
+        original = original_signal_handlers(trainer)
         for s in self.signals:
             self._replaced[s] = signal.signal(s, self._handler)
             self._before[s] = original.get(s, self._replaced[s])

@@ -124,7 +124,7 @@ class TrainLog(Callback):
         self._lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it after)
         if (trainer.global_step + 1) % self._every(trainer) == 0:  # the step that gets a line
             grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            self._gnorm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+            self._gnorm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         stats = getattr(pl_module, "last_train_stats", None)  # (loss sum, nll sum, target tokens)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules import module as _module
+
+from normlab.private_api import global_module_hooks
 
 _LEVELS = 1 << 16
 
@@ -57,10 +58,6 @@ def _fast(x: torch.Tensor, p: float, training: bool) -> int | None:
     return drop if 0 < drop < _LEVELS else None
 
 
-def _global_hooks() -> bool:
-    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
-
-
 class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         drop = _fast(x, self.p, self.training)
@@ -71,7 +68,7 @@ class Dropout(nn.Dropout):
         module (Admin's authors' profiling measures Var[drop(F(x))]) it is residual + self(x), so
         the hooks see the dropped branch."""
         drop = _fast(x, self.p, self.training)
-        if self._forward_hooks or self._forward_pre_hooks or _global_hooks():
+        if self._forward_hooks or self._forward_pre_hooks or global_module_hooks():
             return residual + self(x)
         if drop is None:
             return residual + F.dropout(x, self.p, self.training)

@@ -1,0 +1,49 @@
+"""Every use of another library's private API, in one place (the pinned versions: constraints.txt).
+
+Each is something the public API does not offer; tests/test_private_api.py calls each one on the
+pinned libraries, so an upgrade that renames or drops one fails there, by name, rather than as a
+silent change of behaviour inside a run. (W&B's run-file format has its own reader, wandb_files.py,
+tested in tests/test_loggers.py.)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def should_accumulate(trainer) -> bool:
+    """Lightning: this micro-batch does not end an update (a checkpoint saved now would split one)."""
+    return bool(trainer.fit_loop._should_accumulate())
+
+
+def validation_due(trainer) -> bool:
+    """Lightning: the fit loop validates after this batch (a checkpoint waits for the validation,
+    so the best checkpoint and the full state agree)."""
+    if not trainer.enable_validation or trainer.limit_val_batches == 0:
+        return False
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def logs_this_step(module) -> bool:
+    """Lightning: the logger connector writes this step's metrics (values are read back only then).
+    False outside Trainer.fit."""
+    connector = getattr(module._trainer, "_logger_connector", None)  # no trainer: module._trainer is None
+    return connector is not None and bool(getattr(connector, "should_update_logs", True))
+
+
+def original_signal_handlers(trainer) -> dict[int, Any]:
+    """Lightning: the signal handlers installed before its own (e.g. submitit's), which the
+    preemption callback hands a signal on to."""
+    return getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", {}) or {}
+
+
+def drop_wandb_init_key(logger, key: str) -> None:
+    """Lightning's WandbLogger: a keyword it passes to wandb.init (anonymous=None, which wandb warns
+    about on every run)."""
+    logger._wandb_init.pop(key, None)
+
+
+def global_module_hooks() -> bool:
+    """torch: forward hooks registered for every module (a profiler measuring each module's output)."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)

@@ -1,0 +1,78 @@
+"""normlab.private_api: each private use of Lightning / W&B / torch, called on the pinned versions,
+with the behaviour normlab relies on; an upgrade that renames or changes one fails here, by name."""
+import lightning as L
+import torch
+from torch import nn
+
+from normlab import private_api as api
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+        self.logged: list[bool] = []
+
+    def training_step(self, batch, batch_idx):
+        self.logged.append(api.logs_this_step(self))
+        return self.lin(batch).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", self.lin(batch).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=4)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4)
+
+
+class _Record(L.Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append((batch_idx, api.should_accumulate(trainer), api.validation_due(trainer)))
+        assert isinstance(api.original_signal_handlers(trainer), dict)
+
+
+def test_lightning_fit_loop_and_logger_connector(tmp_path):
+    rec = _Record()
+    module = _Tiny()
+    assert api.logs_this_step(module) is False  # no trainer
+    trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, val_check_interval=4, log_every_n_steps=2,
+                        callbacks=[rec], logger=L.pytorch.loggers.CSVLogger(tmp_path), enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        accelerator="cpu")
+    trainer.fit(module)
+    # 8 micro-batches = 4 updates of 2: the first of each pair is within an update
+    assert [a for _, a, _ in rec.rows] == [True, False] * 4
+    # validation every 4 micro-batches (val_check_interval counts batches)
+    assert [v for _, _, v in rec.rows] == [False, False, False, True] * 2
+    # the connector writes every 2nd update: Lightning asks before the step (`+ 1`)
+    assert module.logged == [False, False, True, True, False, False, True, True]
+
+
+def test_wandb_logger_init_keywords(tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(save_dir=str(tmp_path), project="p")
+    assert "anonymous" in logger._wandb_init
+    api.drop_wandb_init_key(logger, "anonymous")
+    assert "anonymous" not in logger._wandb_init
+
+
+def test_torch_global_module_hooks():
+    from torch.nn.modules.module import register_module_forward_hook
+
+    assert api.global_module_hooks() is False
+    handle = register_module_forward_hook(lambda m, i, o: None)
+    try:
+        assert api.global_module_hooks() is True
+    finally:
+        handle.remove()
+    assert api.global_module_hooks() is False
