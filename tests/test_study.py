@@ -241,6 +241,17 @@ def test_bootstrap_over_pruned_models_translations(tmp_path):
     assert v.interval.method.startswith("t over") and "t interval" in v.note
 
 
+def test_cost_counts_shared_machine_time_once_and_says_which_seeds_ran(tmp_path):
+    from normlab.study.readme import cost
+
+    out = tmp_path / "out"
+    record(out, "a", 1, wall_s=3600.0, steps=2000)  # alone (a record from before --jobs: 1)
+    for seed in (1, 2):
+        record(out, "b1", seed, wall_s=3600.0, steps=2000, study={"arm": "b1", "seed": seed, "jobs": 2})
+    c = cost(load_records(out))
+    assert c["runs"] == 3 and c["machine_hours"] == pytest.approx(1 + 0.5 + 0.5) and c["seeds"] == [1, 2]
+
+
 def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     index = tmp_path / "README.md"
     index.write_text(f"# Studies\n\nintro\n\n{BEGIN}\nold\n{END}\n\nafter\n")

@@ -43,10 +43,12 @@ def arm_rows(study: Study, by_arm: dict[str, list[Record]]) -> list[dict]:
 
 
 def cost(by_arm: dict[str, list[Record]]) -> dict:
+    """Machine-hours: each run's wall time over the runs that shared the machine with it (--jobs)."""
     recs = [r for rs in by_arm.values() for r in rs]
-    wall = sum(float(r.results.get("wall_s") or 0) for r in recs)
+    wall = sum(float(r.results.get("wall_s") or 0) / max(1, int((r.results.get("study") or {}).get("jobs") or 1))
+               for r in recs)
     steps = sorted({int(r.results.get("steps") or 0) for r in recs})
-    return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps}
+    return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs})}
 
 
 def verdict_cell(v: Verdict) -> str:
@@ -97,8 +99,10 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
                else f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps")
     lines += ["## Cost", "",
               f"{runs_of}, "
-              f"{c['machine_hours']:.2f} machine-hours on this machine (sum of the runs' wall time; "
-              f"seeds {', '.join(map(str, study.seeds))}).", "",
+              f"{c['machine_hours']:.2f} machine-hours on this machine (the runs' wall times, each divided by "
+              f"the runs that trained beside it; seeds {', '.join(map(str, c['seeds'])) or '—'}"
+              + (f" of {', '.join(map(str, study.seeds))} planned" if c["seeds"] != sorted(study.seeds) else "")
+              + ").", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better

@@ -111,14 +111,15 @@ def run_results(job: Job) -> dict | None:
         return None
 
 
-def write_record(study: Study, job: Job, res: dict) -> None:
+def write_record(study: Study, job: Job, res: dict, jobs: int = 1) -> None:
     """Copy what the report needs from the run folder into the record (atomically: a temp folder,
-    then one rename)."""
+    then one rename). `jobs`: the runs that shared the machine with it (its wall time counts 1/jobs
+    of the machine's)."""
     tmp = job.record.with_name(f".{job.record.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     res = dict(res, study={"name": study.name, "arm": job.arm.name, "seed": job.seed, "budget": study.budget,
-                           "overrides": job.overrides, "run_dir": str(job.run_dir)})
+                           "overrides": job.overrides, "run_dir": str(job.run_dir), "jobs": jobs})
     (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     hyp = job.run_dir / "test.hyp"
     if hyp.is_file():
@@ -204,7 +205,7 @@ class Sweep:
             self._start(job, "prune", cmd)
             self.say(f"prune {job.tag}")
             return
-        write_record(self.study, job, res)
+        write_record(self.study, job, res, self.parallel)
         self.say(f"done  {job.tag}: {_summary(res)}")
 
     def _signal(self, signum, frame) -> None:
