@@ -95,3 +95,16 @@ def test_corpus_statistics_are_one_readable_line():
     assert stats_line("bible_de_en", st) == ("bible_de_en: train 28,798 pairs (929,720 + 922,021 tokens), dropped 3 "
                                              "long; test 1,000 pairs (32,961 + 32,639 tokens), dropped 2 empty, "
                                              "1 sources / 0 targets cut")
+
+
+def test_lightning_notices_a_user_cannot_act_on_are_filtered():
+    import warnings
+
+    from normlab.callbacks.progress import console_setup
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        console_setup()
+        warnings.warn("The dirpath has changed from '/a/checkpoints' to '/b/checkpoints', therefore ...")
+        warnings.warn("something a user can act on")
+    assert [str(w.message) for w in seen] == ["something a user can act on"]

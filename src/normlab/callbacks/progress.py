@@ -52,6 +52,9 @@ NOISE_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning calling a torch API it will update
     r"The 'train_dataloader' does not have many workers",  # data.num_workers=0 is normlab's choice on CPU
     r"The '(val|test)_dataloader' does not have many workers",
+    # resume= another run's checkpoint: its best-checkpoint record points into that run's folder, which
+    # this run does not use (it validates, and keeps its own best, in its own folder)
+    r"The dirpath has changed from",
 )
 
 
