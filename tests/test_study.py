@@ -302,15 +302,24 @@ claims:
 
 def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
     study = tmp_path / "smoke_study.yaml"
-    study.write_text(SMOKE_STUDY)
+    study.write_text(SMOKE_STUDY.replace("eval.test_average=false]",
+                                         "eval.test_average=false, callbacks.full_checkpoint.every_n_steps=1]"))
     args = [str(study), "study.budget=smoke", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")]
-    # SIGTERM while the first run trains: the run checkpoints (preempted), the study exits 143
-    proc = subprocess.Popen([sys.executable, "-m", "normlab.commands.study", *args], cwd=ROOT,
+    # SIGTERM while the first run trains: the run checkpoints (preempted), the study exits 143.
+    # One job at a time, a full checkpoint every step; the run is frozen (SIGSTOP) as soon as its
+    # first checkpoint appears, so the signal lands with steps left however fast the machine is.
+    proc = subprocess.Popen([sys.executable, "-m", "normlab.commands.study", *args, "--jobs", "1"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list((tmp_path / "runs").glob("*/checkpoints/full-step*.ckpt")):
-        time.sleep(0.2)
+        time.sleep(0.005)
+    children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    for child in children:
+        os.kill(child, signal.SIGSTOP)
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # the study forwards the signal to its (frozen) run, which takes it when woken
+    for child in children:
+        os.kill(child, signal.SIGCONT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out
     assert "rerun the same command to continue" in out
