@@ -116,10 +116,10 @@ def test_a_stall_that_recovers_clears_the_detection():
     decisions = iter([{"stall_reason": "flat", "stall_loss": 6.6, "input_independent_loss": 6.5}, None,
                       {"stall_reason": "flat", "stall_loss": 6.6, "input_independent_loss": 6.5}])
     guard._decide = lambda trainer, module: next(decisions)
-    trainer, module = SimpleNamespace(global_step=0, should_stop=False), SimpleNamespace(status="completed")
+    trainer, module = SimpleNamespace(global_step=0, should_stop=False), SimpleNamespace()
     guard.losses.extend(torch.tensor(6.6) for _ in range(4))
     for step in (2, 4, 6):
         guard._start_step, trainer.global_step = step - 1, step  # an optimizer step ended in this batch
         guard.on_train_batch_end(trainer, module, torch.tensor(6.6), None, 0)
         assert guard.detected == {2: 2, 4: None, 6: 6}[step]  # found, cleared by a falling curve, found again
-    assert not trainer.should_stop and module.status == "completed"
+    assert not trainer.should_stop and guard.outcome.running

@@ -22,22 +22,22 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.averaging import average_checkpoints, save_checkpoint, step_checkpoints
+from normlab.lit_module import ScorePass
+from normlab.outcome import SCORED, Status
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
 
 
 def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None, suffix: str = "",
-                    keys: tuple[str, ...] = METRICS, log_scores: bool = True) -> dict:
-    """Validate or test `ckpt`; add `<split>_<metric><suffix>` for each key to `out` (the logger
-    gets `<split>/<metric><suffix>`, the same values); the pass's full result."""
-    module.log_scores, module.score_suffix, module.score_keys = log_scores, suffix, keys
-    module.score_label = f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})"
-    try:
+                    keys: tuple[str, ...] = METRICS, log_scores: bool = True, decode=None) -> dict:
+    """Validate or test `ckpt` (with `decode` instead of the split's decoder if given); add
+    `<split>_<metric><suffix>` for each key to `out` (the logger gets `<split>/<metric><suffix>`,
+    the same values); the pass's full result."""
+    label = f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})"
+    with module.scoring(ScorePass(label=label, suffix=suffix, keys=keys, log=log_scores, decode=decode)):
         run = trainer.validate if split == "valid" else trainer.test
         run(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
-    finally:
-        module.log_scores, module.score_suffix, module.score_keys, module.score_label = True, "", None, None
     result = module.split_scores.get(split, {})
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
@@ -55,9 +55,10 @@ def merge_scores(out: dict, more: dict) -> dict:
     return out
 
 
-def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[str, Any]:
-    """Validation and test scores of one checkpoint: the best by validation BLEU if there is one."""
-    if trainer.interrupted or getattr(module, "status", "completed") not in ("completed", "stopped", "stalled"):
+def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
+    """Validation and test scores of one checkpoint: the best by validation BLEU if there is one.
+    `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
+    if trainer.interrupted or status not in SCORED:
         return {}  # a stalled run trained to the end, a stopped one (max_time) as far as it got: both are scored
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
@@ -69,7 +70,7 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path) -> dict[st
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
         (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
-    if getattr(module, "status", "completed") == "stalled":  # at the floor: a greedy or averaged re-decode
+    if status is Status.STALLED:  # at the floor: a greedy or averaged re-decode
         return out                                             # adds nothing but time (issue 21)
     merge_scores(out, extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
@@ -80,11 +81,9 @@ def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, ru
     valid_dec, test_dec = plain(cfg.eval.decoder), plain(cfg.eval.get("test_decoder")) or plain(cfg.eval.decoder)
     out: dict[str, Any] = {"decoders": {"valid": valid_dec, "test": test_dec}}
     if cfg.eval.get("test_greedy", True) and test_dec != valid_dec:
-        beam_decode, module.test_decode = module.test_decode, module.decode
-        try:  # teacher-forced loss / ppl are the beam pass's: only the decoded scores get a key
-            evaluation_pass(out, trainer, module, dm, "test", ckpt, suffix="_greedy", keys=("bleu", "chrf"))
-        finally:
-            module.test_decode = beam_decode
+        # teacher-forced loss / ppl are the beam pass's: only the decoded scores get a key
+        evaluation_pass(out, trainer, module, dm, "test", ckpt, suffix="_greedy", keys=("bleu", "chrf"),
+                        decode=module.decode)
     n = int(cfg.callbacks.step_checkpoints.get("keep_last_n") or 0)
     if cfg.eval.get("test_average", True) and n > 0:
         merge_scores(out, _averaged_test(trainer, module, dm, run_dir, n))

@@ -15,6 +15,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
@@ -42,6 +45,18 @@ def _dist() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@dataclass(frozen=True)
+class ScorePass:
+    """How one final evaluation pass scores and logs (final_test.py): under "<split>/<metric><suffix>",
+    only `keys` (None: every metric), not at all when `log` is false; the text line says `label`
+    instead of "step N <split>"; `decode` replaces the split's decoder (the greedy test pass)."""
+    label: str | None = None
+    suffix: str = ""
+    keys: tuple[str, ...] | None = None
+    log: bool = True
+    decode: Callable | None = None
+
+
 class Seq2SeqModule(L.LightningModule):
     def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None,
                  compile: bool | str = False):
@@ -60,12 +75,10 @@ class Seq2SeqModule(L.LightningModule):
         self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
         self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
         # The final test decodes as the papers do (eval.test_decoder: beam 4) while validation
-        # stays greedy; train.py swaps test_decode to report greedy test BLEU too.
+        # stays greedy; the final greedy test pass gives its decoder in its ScorePass.
         self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
         self.split_scores: dict[str, dict] = {}
-        # how an evaluation pass logs: under "<split>/<metric><suffix>", only score_keys (None: all)
-        self.log_scores, self.score_suffix, self.score_keys = True, "", None
-        self.score_label: str | None = None  # the text line's label instead of "step N <split>"
+        self.score_pass = ScorePass()  # validation during training; final_test.py sets its passes'
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
         self._reset_eval()
@@ -144,6 +157,13 @@ class Seq2SeqModule(L.LightningModule):
     def train_tokens_per_s(self) -> float:
         return self._train_tokens / self._train_seconds if self._train_seconds else 0.0
 
+    def throughput_counters(self) -> dict[str, float]:
+        """The target tokens and seconds trained so far (full checkpoints carry them across legs)."""
+        return {"train_tokens": self._train_tokens, "train_seconds": self._train_seconds}
+
+    def restore_throughput_counters(self, train_tokens: float, train_seconds: float) -> None:
+        self._train_tokens, self._train_seconds = train_tokens, train_seconds
+
     def configure_optimizers(self):
         o = self.optim_cfg
         peak = peak_lr(self.model_cfg.d_model, o["warmup"], o.get("lr"), o.get("scale", 1.0))
@@ -182,7 +202,16 @@ class Seq2SeqModule(L.LightningModule):
         self._eval_step(batch, bleu=self.eval_cfg.get("valid_bleu", True))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, bleu=True, decode=self.test_decode)
+        self._eval_step(batch, bleu=True, decode=self.score_pass.decode or self.test_decode)
+
+    @contextmanager
+    def scoring(self, score_pass: ScorePass) -> Iterator[None]:
+        """Run one final evaluation pass (trainer.validate / trainer.test) as `score_pass` says."""
+        before, self.score_pass = self.score_pass, score_pass
+        try:
+            yield
+        finally:
+            self.score_pass = before
 
     def on_validation_epoch_start(self) -> None:
         self._reset_eval()
@@ -216,15 +245,16 @@ class Seq2SeqModule(L.LightningModule):
             result.update(s, hypotheses=ordered(hyps, len(refs)))
         # One key per score: the final test's extra passes log under their own suffix (test/bleu_greedy,
         # test/bleu_avg), and the final re-validation of the scored checkpoint logs nothing (final_test.py).
-        keys = self.score_keys or tuple(metrics)
-        logged = {f"{split}/{k}{self.score_suffix}": v for k, v in metrics.items() if k in keys}
-        if self.log_scores:
+        sp = self.score_pass
+        keys = sp.keys or tuple(metrics)
+        logged = {f"{split}/{k}{sp.suffix}": v for k, v in metrics.items() if k in keys}
+        if sp.log:
             # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
             self.log_dict(logged, sync_dist=_dist(), prog_bar=split == "valid")
         self.split_scores[split] = result
         shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
         partial = f"  (partial: {result['partial']})" if "partial" in result else ""
-        label = self.score_label or f"step {self.global_step} {split}"
+        label = sp.label or f"step {self.global_step} {split}"
         rank_zero_info(f"{label}: {shown}{partial}")  # a line per validation in the log
 
     def _limited(self, split: str) -> bool:

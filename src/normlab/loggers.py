@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from normlab.outcome import Status
 from normlab.private_api import drop_wandb_init_key
 
 
@@ -94,6 +95,6 @@ def finish_loggers(loggers: list, results: dict | None = None) -> None:
             if wandb.run is not None:
                 wandb.run.summary.update(wandb_summary(results or {}))
                 # W&B's run state says what results.json says: a crash is "failed" in both
-                wandb.finish(exit_code=1 if (results or {}).get("status") in ("failed", "interrupted") else 0)
+                wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
         else:
-            logger.finalize("success" if (results or {}).get("status") == "completed" else "failed")
+            logger.finalize("success" if (results or {}).get("status") == Status.COMPLETED else "failed")

@@ -32,10 +32,10 @@ from omegaconf import DictConfig
 
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
+from normlab.outcome import FINISHED  # results: not trained again
 
 log = logging.getLogger("normlab")
 RUN_FILE = "run.json"
-FINISHED = ("completed", "diverged", "stalled")  # results (report_runs.RESULT_STATUSES): not trained again
 CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
                  "arm", "sweep", "debug")
 PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true

@@ -29,6 +29,7 @@ from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
+from normlab.outcome import RunOutcome, Status
 from normlab.identity import run_dir_of
 from normlab.run_folder import (csv_histories, hydra_choices, locked, prepare, readable, restore_csv_histories,
                                 start_checkpoint_path)
@@ -48,10 +49,11 @@ def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
     return identity.run_name(cfg), str(group or "default"), tags
 
 
-def build_callbacks(cfg: DictConfig) -> list:
-    """Every `_target_` node under `callbacks` (normlab.callbacks); when fine-tuning, not Admin's
-    initialisation: the weights, ω included, come from the checkpoint."""
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+def build_callbacks(cfg: DictConfig, outcome: RunOutcome | None = None) -> list:
+    """Every `_target_` node under `callbacks` (normlab.callbacks), the ones that can end a run given
+    the run's `outcome`; when fine-tuning, not Admin's initialisation: the weights, ω included, come
+    from the checkpoint."""
+    callbacks = instantiate_callbacks(cfg.get("callbacks"), outcome)
     if cfg.get("finetune"):
         from normlab.callbacks.admin_init import AdminInit
 
@@ -138,7 +140,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     except ConfigError as e:
         raise _not_combined(cfg, e) from None
     check_machine(cfg)
-    callbacks = build_callbacks(cfg)  # so does a bad callback setting
+    outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
+    callbacks = build_callbacks(cfg, outcome)  # so does a bad callback setting
     run_dir = run_dir_of(cfg)
     choices = hydra_choices()
     name, group, tags = describe(cfg, choices)
@@ -206,30 +209,31 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
-    results: dict[str, Any] = {"status": "running", "run_dir": str(run_dir), "choices": choices, "labels": labels,
+    results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": choices, "labels": labels,
                                "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
     try:
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
-        except StopAfterCheckpoint:  # preempted: the checkpoint is written, module.status says so
+        except StopAfterCheckpoint:  # preempted: the checkpoint is written, the outcome says so
             pass
-        status = getattr(module, "status", "completed")
-        if (status == "completed" and stopped_by_time(trainer)) or (preemption is not None and preemption.timed_out):
-            status = "stopped"
-            results["stopped_by"] = "max_time"
+        if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
+            outcome.end(Status.STOPPED, stopped_by="max_time")
+        elif outcome.running:  # no callback ended it: trained every planned step
+            outcome.end(Status.COMPLETED)
+        if outcome.status is Status.STOPPED:
             print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "
                   f"{trainer.max_steps}; rerun the same command to continue")
-        results.update(status=status, **getattr(module, "divergence", {}), **getattr(module, "stall", {}))
-        results.update(final_scores(cfg, trainer, module, dm, run_dir))
-        if choices.get("debug") and results["status"] == "completed":
-            results["status"] = "debug"  # never a finished run: the same command runs it again (conf/debug)
+        results.update(outcome.reasons, status=outcome.status.value)
+        results.update(final_scores(cfg, trainer, module, dm, run_dir, outcome.status))
+        if choices.get("debug") and outcome.status is Status.COMPLETED:
+            results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
-        results.update(status="failed", error=f"{type(err).__name__}: {err}")
+        results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")
         raise
     finally:
-        if results["status"] == "running":  # Ctrl-C (Lightning exits) or an exception: not a result
-            results["status"] = "interrupted"
+        if results["status"] == Status.RUNNING:  # Ctrl-C (Lightning exits) or an exception: not a result
+            results["status"] = Status.INTERRUPTED.value
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included

@@ -14,8 +14,8 @@ Rules (either stops the run):
 The loss of a step is its per-token training loss, the mean over the step's accumulated
 micro-batches: every rule counts optimizer steps, with or without gradient accumulation.
 
-On divergence the callback sets `pl_module.status = "diverged"` and `pl_module.divergence =
-{diverged_step, last_finite_loss, divergence_reason}`; train.run copies both into results.json,
+On divergence the callback ends the run's outcome (normlab/outcome.py) as `diverged` with
+{diverged_step, last_finite_loss, divergence_reason}; train.run copies both into results.json,
 skips the final scoring and returns normally (exit code 0, so multirun sweeps continue).
 Validation is switched off for the rest of the run (limit_val_batches = 0), so no checkpoint is
 written after the divergence: last.ckpt is the last one saved before it, with finite weights.
@@ -32,6 +32,7 @@ import lightning as L
 import torch
 
 from normlab.callbacks.stall import update_loss
+from normlab.outcome import RunOutcome, Status
 
 
 def _loss_value(loss: Any) -> float | None:
@@ -39,12 +40,14 @@ def _loss_value(loss: Any) -> float | None:
 
 
 class DivergenceGuard(L.Callback):
-    def __init__(self, factor: float | None = 2.0, patience: int = 20, after_step: int = 0):
+    def __init__(self, factor: float | None = 2.0, patience: int = 20, after_step: int = 0,
+                 outcome: RunOutcome | None = None):
         if factor is not None and factor <= 1:
             raise ValueError(f"callbacks.divergence.factor={factor!r} must be > 1 (or null to disable)")
         if patience < 1:
             raise ValueError(f"callbacks.divergence.patience={patience!r} must be >= 1")
         self.factor, self.patience, self.after_step = factor, patience, after_step
+        self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self.min_loss = math.inf
         self.last_finite: float | None = None
         self.above = 0
@@ -106,9 +109,8 @@ class DivergenceGuard(L.Callback):
             self._stop(trainer, pl_module, reason)
 
     def _stop(self, trainer, pl_module, reason: str) -> None:
-        pl_module.status = "diverged"
-        pl_module.divergence = {"diverged_step": self._step, "last_finite_loss": self.last_finite,
-                                "divergence_reason": reason}
+        self.outcome.end(Status.DIVERGED, diverged_step=self._step, last_finite_loss=self.last_finite,
+                         divergence_reason=reason)
         trainer.limit_val_batches = 0  # no validation, hence no checkpoint, after divergence
         trainer.should_stop = True
         pl_module.print(f"training diverged at step {self._step}: {reason}")

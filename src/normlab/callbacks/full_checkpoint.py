@@ -151,7 +151,7 @@ class FullStateCheckpoint(Checkpoint):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["normlab"] = {
             "rng": _gather(rng_state(), trainer.world_size),  # one entry per rank
-            "train_tokens": pl_module._train_tokens, "train_seconds": pl_module._train_seconds,
+            **pl_module.throughput_counters(),  # train_tokens, train_seconds
             "wall_s": self.wall_s(),
         }
 
@@ -165,7 +165,7 @@ class FullStateCheckpoint(Checkpoint):
         if state is None:  # a checkpoint written before full-state checkpoints existed
             log.warning("the checkpoint has no RNG state: the continuation will not be exact")
             return
-        pl_module._train_tokens, pl_module._train_seconds = state["train_tokens"], state["train_seconds"]
+        pl_module.restore_throughput_counters(state["train_tokens"], state["train_seconds"])
         self.wall_before = state["wall_s"]
         ranks = state["rng"]
         self._rng_to_restore = ranks[trainer.global_rank] if trainer.global_rank < len(ranks) else ranks[0]

@@ -36,6 +36,7 @@ import torch
 
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
+from normlab.outcome import RunOutcome, Status
 from normlab.private_api import original_signal_handlers
 
 log = logging.getLogger("normlab")
@@ -63,19 +64,19 @@ def slurm_job_id() -> str | None:
 
 class Preemption(L.Callback):
     def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGUSR1"), requeue: bool = True,
-                 sync_every_n_steps: int = 10):
+                 sync_every_n_steps: int = 10, outcome: RunOutcome | None = None):
         unknown = [s for s in signals if s not in SIGNALS]
         if unknown:
             raise ConfigError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
         self.signals = [SIGNALS[s] for s in signals]
         self.requeue, self.sync_every = requeue, max(int(sync_every_n_steps), 1)
         self.received: int | None = None
+        self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self._replaced: dict[int, Any] = {}  # the handlers ours replace during training (Lightning's)
         self._before: dict[int, Any] = {}  # the handlers from before Lightning (e.g. submitit's)
         self._installed = False
         self.max_time: float | None = None  # seconds of training in this invocation (train.py sets it)
         self._deadline: float | None = None
-        self.timed_out = False
 
     # ---- the handler: record only ------------------------------------------------------------
     def _handler(self, signum: int, frame) -> None:
@@ -118,10 +119,10 @@ class Preemption(L.Callback):
         if self.received is None and not late:
             return
         if self.received is None:  # max_time: a pause, not a preemption (no requeue, exit 0)
-            self.timed_out, self._deadline = True, None
-            pl_module.status = "stopped"
+            self._deadline = None
+            self.outcome.end(Status.STOPPED, stopped_by="max_time")
         else:
-            pl_module.status = "preempted"
+            self.outcome.end(Status.PREEMPTED, stopped_by=signal.Signals(self.received).name)
         full = next((c for c in trainer.callbacks if isinstance(c, FullStateCheckpoint)), None)
         if full is None:  # nothing to save with: stop at once
             trainer.should_stop = True

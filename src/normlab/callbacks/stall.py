@@ -37,6 +37,8 @@ from collections import deque
 import lightning as L
 import torch
 
+from normlab.outcome import RunOutcome, Status
+
 
 def input_independent_loss(counts: torch.Tensor, eps: float, convention: str = "uniform") -> float:
     """L* for target-token counts (V,), label smoothing eps with the losses.py convention."""
@@ -80,12 +82,14 @@ def update_loss(pending: list, outputs, update_done: bool) -> torch.Tensor | Non
 
 class StallGuard(L.Callback):
     def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
-                 min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None):
+                 min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None,
+                 outcome: RunOutcome | None = None):
         if window < 1 or patience < 1:
             raise ValueError(f"callbacks.stall.window={window!r} and patience={patience!r} must be >= 1")
         if stop_after is not None and stop_after < 0:
             raise ValueError(f"callbacks.stall.stop_after={stop_after!r} must be >= 0 (or null: never stop early)")
         self.stop_after = stop_after
+        self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self.detected: int | None = None  # first step of the current run of checks that found a stall
         self._checked = -1
         self._pending: list = []  # per-token losses of the current update's micro-batches
@@ -115,7 +119,7 @@ class StallGuard(L.Callback):
             self.losses.append(loss)
         step = trainer.global_step
         if (self.stop_after is None or self.margin is None or step == self._checked or step % self.window
-                or len(self.losses) < self.losses.maxlen or getattr(pl_module, "status", "completed") != "completed"):
+                or len(self.losses) < self.losses.maxlen or not self.outcome.running):
             return
         self._checked = step  # once per optimizer step (accumulation calls this per micro-batch)
         stall = self._decide(trainer, pl_module)
@@ -142,13 +146,12 @@ class StallGuard(L.Callback):
         return None
 
     def _mark(self, pl_module, stall: dict) -> None:
-        pl_module.status = "stalled"
-        pl_module.stall = stall
+        self.outcome.end(Status.STALLED, **stall)
         stopped = f"; stopped at step {stall['stopped_at_step']}" if "stopped_at_step" in stall else ""
         pl_module.print(f"training stalled: {stall['stall_reason']}{stopped}")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.margin is None or self.counts is None or getattr(pl_module, "status", "completed") != "completed":
+        if self.margin is None or self.counts is None or not self.outcome.running:
             return
         stall = self._decide(trainer, pl_module)
         if stall is not None:

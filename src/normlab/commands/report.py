@@ -43,10 +43,12 @@ from typing import Any
 
 from normlab.commands import report_plots
 from normlab.commands.common import CommandError, CommandParser, main_guard
+from normlab.outcome import FAILED_TO_TRAIN, UNFINISHED, Status
 from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
                                           label, wandb_runs)
 
-OTHER_STATUSES = ("diverged", "stalled", "stopped", "preempted", "failed", "running")  # a cell's notes, in this order
+# a cell's notes, in this order (the vocabulary: normlab/outcome.py)
+OTHER_STATUSES = (*FAILED_TO_TRAIN, *UNFINISHED, Status.FAILED.value, Status.RUNNING.value)
 NOT_SETTINGS = ("seed", "data.seed", "name", "group", "tags", "run_dir", "resume", "project")  # differ by design
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file")
 

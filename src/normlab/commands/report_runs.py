@@ -11,11 +11,12 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from normlab.commands.common import CommandError
+from normlab.outcome import FINISHED, UNFINISHED
 
-# Statuses a run records itself (train.run): diverged and stalled runs are results, not failures.
-RESULT_STATUSES = ("completed", "diverged", "stalled")
-# Runs that the same command continues (train.run's statuses): shown as what they are, not as failed.
-UNFINISHED_STATUSES = ("stopped", "preempted")
+# Statuses a run records itself (normlab/outcome.py): diverged and stalled runs are results, not
+# failures; stopped and preempted runs are continued by the same command: shown as what they are.
+RESULT_STATUSES = FINISHED
+UNFINISHED_STATUSES = UNFINISHED
 RUNNING_WINDOW_S = 600  # a job folder without results.json, written to in the last 10 minutes: running
 
 

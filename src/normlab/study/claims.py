@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from normlab.outcome import FAILED_TO_TRAIN, Status
 from normlab.study.records import Record, is_test_bleu
 from normlab.study.spec import Claim, Study, lower_is_better
 from normlab.study.stats import Interval, corpus_bleu, paired_bootstrap, paired_t, sentence_stats
 
-SCORED = ("completed",)
-FAILED_TO_TRAIN = ("diverged", "stalled")
+SCORED = (Status.COMPLETED.value,)  # a claim compares scores of runs that trained to the end
 
 
 @dataclass

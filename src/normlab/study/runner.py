@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.outcome import FINISHED
 from normlab.study.spec import Arm, Study
 
-FINISHED = ("completed", "diverged", "stalled")
 
 
 @dataclass

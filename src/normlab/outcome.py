@@ -1,0 +1,76 @@
+"""What a run ended as: one status vocabulary for results.json, W&B, the console, the report and
+`normlab-study`, and the object that carries it up from the callbacks.
+
+`train.run` owns one `RunOutcome` and hands it to the callbacks that can end a run (the divergence
+guard, the stall guard, preemption / max_time) when it builds them (`callbacks.instantiate_callbacks`
+passes it to every callback whose constructor takes `outcome`). A callback ends the run by
+`outcome.end(Status.X, **reasons)`; train.run reads the status and the reasons back from the object
+it built (the LightningModule carries none of it).
+
+    running      training, no callback has ended the run (never in a finished results.json but for
+                 a process killed mid-run, see `interrupted`)
+    completed    trained every planned step (or the data's end), scored
+    stopped      trainer.max_time reached: a full checkpoint, the same command continues; scored
+    preempted    SIGTERM / SIGUSR1: a full checkpoint, the same command continues; not scored
+    diverged     non-finite or exploding loss (callbacks/divergence.py): a result, not trained again
+    stalled      at the input-independent floor (callbacks/stall.py): a result, scored, not trained again
+    failed       an exception (failure.py adds the traceback)
+    interrupted  Ctrl-C, or an exception Lightning swallowed: not a result
+    debug        a debug=... run: never a finished run, the same command runs it again
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    PREEMPTED = "preempted"
+    DIVERGED = "diverged"
+    STALLED = "stalled"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    DEBUG = "debug"
+
+    def __str__(self) -> str:  # "completed", in f-strings and str() alike (not "Status.COMPLETED")
+        return self.value
+
+    __format__ = str.__format__
+    __hash__ = str.__hash__  # a member and its value are one dict key (Enum hashes the name)
+
+
+def _values(*statuses: Status) -> tuple[str, ...]:
+    return tuple(s.value for s in statuses)
+
+
+# The lists below hold the values (plain strings, as results.json and W&B hold them); a Status is
+# equal to its value, so `status in SCORED` works for either.
+# Results: a rerun of the same command skips these (run_folder, study runner) and the report and
+# the claims count them (a diverged or stalled arm is a finding).
+FINISHED = _values(Status.COMPLETED, Status.DIVERGED, Status.STALLED)
+# Paused with a full checkpoint: the same command continues them.
+UNFINISHED = _values(Status.STOPPED, Status.PREEMPTED)
+# The final passes score these: a stalled run trained to the end, a stopped one as far as it got.
+SCORED = _values(Status.COMPLETED, Status.STOPPED, Status.STALLED)
+# A finished run that failed to train: shown with its status, never with a score.
+FAILED_TO_TRAIN = _values(Status.DIVERGED, Status.STALLED)
+
+
+@dataclass
+class RunOutcome:
+    status: Status = Status.RUNNING
+    reasons: dict[str, Any] = field(default_factory=dict)  # diverged_step, stall_reason, stopped_by, ...
+
+    @property
+    def running(self) -> bool:
+        return self.status is Status.RUNNING
+
+    def end(self, status: Status, **reasons: Any) -> None:
+        """A callback ends the run (the last call wins: a divergence in the step a signal arrived
+        is a divergence)."""
+        self.status = Status(status)
+        self.reasons.update(reasons)
