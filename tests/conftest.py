@@ -82,3 +82,17 @@ def wandb_records(path: Path):
     from normlab.wandb_files import records
 
     return records(path)
+
+
+class FakeTrainer:
+    """What the divergence guard reads of a Trainer, for driving it by hand."""
+    global_step, world_size, precision_plugin, limit_val_batches, should_stop = 0, 1, None, 1.0, False
+
+
+class FakeModule:
+    """A LightningModule that prints and logs nothing (a guard driven by hand)."""
+    def print(self, *a):
+        pass
+
+    def log(self, *a, **k):
+        pass

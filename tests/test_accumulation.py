@@ -11,7 +11,7 @@ from normlab.data.batching import collate
 from normlab.lit_module import Seq2SeqModule
 from normlab.train import run
 
-from conftest import compose_cfg, tiny_overrides
+from conftest import FakeModule, FakeTrainer, compose_cfg, tiny_overrides
 
 PAD, BOS, EOS, V = 0, 1, 2, 40
 MODEL = {"vocab_size": V, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_heads": 2,
@@ -80,17 +80,7 @@ def test_accumulating_two_micro_batches_is_one_update_on_their_union():
 
 
 def test_divergence_patience_counts_optimizer_steps():
-    class Trainer:
-        global_step, world_size, precision_plugin, limit_val_batches, should_stop = 0, 1, None, 1.0, False
-
-    class Module:
-        def print(self, *a):
-            pass
-
-        def log(self, *a, **k):
-            pass
-
-    guard, trainer, module = DivergenceGuard(factor=2.0, patience=3), Trainer(), Module()
+    guard, trainer, module = DivergenceGuard(factor=2.0, patience=3), FakeTrainer(), FakeModule()
     for update, loss in enumerate([1.0, 5.0, 5.0, 5.0]):
         for micro in range(4):  # accumulate 4: the optimizer step ends with the 4th micro-batch
             guard.on_train_batch_start(trainer, module, None, 0)

@@ -13,7 +13,7 @@ from normlab.callbacks.stall import StallGuard
 from normlab.outcome import RunOutcome, Status
 from normlab.train import build_callbacks
 
-from conftest import compose_cfg
+from conftest import FakeModule, FakeTrainer, compose_cfg
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "normlab"
 
@@ -38,17 +38,7 @@ def test_the_runs_outcome_reaches_every_callback_that_can_end_a_run():
 
 
 def test_a_divergence_ends_the_outcome_with_its_reasons_and_leaves_the_module_alone():
-    class Trainer:
-        global_step, world_size, precision_plugin, limit_val_batches, should_stop = 0, 1, None, 1.0, False
-
-    class Module:
-        def print(self, *a):
-            pass
-
-        def log(self, *a, **k):
-            pass
-
-    guard, trainer, module = DivergenceGuard(factor=None, patience=1), Trainer(), Module()
+    guard, trainer, module = DivergenceGuard(factor=None, patience=1), FakeTrainer(), FakeModule()
     guard.on_train_batch_start(trainer, module, None, 0)
     trainer.global_step = 1
     guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("nan")), "token_loss": torch.tensor(float("nan"))},
