@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from normlab.study.claims import Verdict, statuses
+from normlab.study.pace import pace_lines
 from normlab.study.records import Record
 from normlab.study.spec import Study
 
@@ -129,6 +130,8 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         per = ", ".join(f"s{s}: {fmt(v)} ({st})" for s, (v, st) in sorted(row["per_seed"].items())) or "not run"
         lines.append(f"- {row['label']}: {per}")
     lines += [""]
+    if study.kind == "train":
+        lines += pace_lines(study, by_arm)
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]
     lines += ["## Reproduce", "", "```bash", command, "```", ""]
