@@ -70,3 +70,24 @@ def test_choice_lists_are_the_owners():
     assert config.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
     with pytest.raises(ConfigError, match=r"\(allowed: " + ", ".join(norms.NORMS) + r"\)"):
         NormConfig(type="batchnorm").validate()
+
+
+def test_one_error_family():
+    """Every exception normlab defines for bad input is a UserError (one line, exit 2, one format);
+    the only other one is control flow (a preempted run stops after its checkpoint)."""
+    import importlib
+    import inspect
+
+    from normlab.errors import UserError, user_error_types
+
+    control_flow = {"StopAfterCheckpoint"}
+    found = {}
+    for name in _modules():
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__ == name:
+                found[cls_name] = cls
+    assert {"CorpusError", "ConfigError", "CheckpointError", "CommandError", "CheckpointMismatch", "UsageError"} <= set(found)
+    outside = sorted(n for n, c in found.items() if not issubclass(c, UserError) and n not in control_flow)
+    assert not outside, outside
+    assert user_error_types() == (UserError,)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from normlab.checkpoint import atomic_write_bytes, load_checkpoint
+from normlab.errors import UserError
 
 # Periodic checkpoints written during training (callbacks.step_checkpoints.every_n_steps) are named
 # step<N>.ckpt; best-step<N>.ckpt and last.ckpt are not part of the series.
@@ -23,7 +24,7 @@ STEP_CKPT = re.compile(r"^step(\d+)\.ckpt$")
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError, ValueError):
     """Checkpoints that do not describe the same network."""
 
 

@@ -38,10 +38,9 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
-    """UserError and the data package's CorpusError (raised with file:line by the data helper)."""
-    from normlab.data.corpus import CorpusError
-
-    return UserError, CorpusError
+    """The one family of user errors (CorpusError, ConfigError, CheckpointError, CommandError, ...
+    are UserErrors)."""
+    return (UserError,)
 
 
 def show_tracebacks() -> bool:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 # No torch here, not even through normlab.commands.common: the encoding processes are spawned and
 # import this module again (as __mp_main__), and the command should start in a fraction of a second.
-from normlab.data.corpus import CorpusError
 from normlab.errors import CommandParser, UserError
 from normlab.data.preprocess import SPLITS, SpmSettings, check_replaceable, preprocess
 
@@ -36,7 +35,7 @@ def _prefixed(prefix: str, lang: str) -> str:
     return plain if os.path.exists(plain) or not os.path.exists(plain + ".gz") else plain + ".gz"
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A bad flag: printed as `error: ...`, exit code 2."""
 
 
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return run(args, sys.argv[1:] if argv is None else argv)
-    except (UsageError, CorpusError) as e:
+    except UserError as e:  # a bad flag (UsageError) or corpus (CorpusError)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from normlab.errors import UserError
+
 log = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -22,8 +24,9 @@ _BOM = "\ufeff"
 _BLOCK = 1 << 20
 
 
-class CorpusError(ValueError):
-    """A corpus file or data folder is missing, misaligned, empty, stale or not UTF-8."""
+class CorpusError(UserError, ValueError):
+    """A corpus file or data folder is missing, misaligned, empty, stale or not UTF-8 (the message
+    starts with the file, and its line where there is one)."""
 
 
 def check_file(path: str | Path) -> Path:
