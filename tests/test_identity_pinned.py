@@ -6,7 +6,7 @@ the old identity (add the new key to identity.NEUTRAL) instead of updating the p
 import pytest
 from hydra import compose, initialize_config_dir
 
-from normlab import identity
+from normlab import identity, resolvers, run_folder
 
 from conftest import CONF
 
@@ -43,15 +43,15 @@ def test_folders_named_by_the_old_release_are_found(tmp_path):
     old = PINNED[1][1]
     (tmp_path / old).mkdir()
     (tmp_path / old / "run.json").write_text('{"identity_hash": "%s"}' % old.rsplit("-", 1)[1])
-    assert identity._resolve_run_dir(str(tmp_path), _root_=cfg) == f"{tmp_path}/{old}"
+    assert resolvers._resolve_run_dir(str(tmp_path), _root_=cfg) == f"{tmp_path}/{old}"
     OmegaConf.update(cfg, "hydra.sweep.dir", str(tmp_path), force_add=True)
-    assert identity._resolve_run_name(_root_=cfg) == old
-    assert identity.existing_name(tmp_path / "elsewhere", "x-" + old.rsplit("-", 1)[1]) == "x-" + old.rsplit("-", 1)[1]
+    assert resolvers._resolve_run_name(_root_=cfg) == old
+    assert run_folder.existing_name(tmp_path / "elsewhere", "x-" + old.rsplit("-", 1)[1]) == "x-" + old.rsplit("-", 1)[1]
     # a folder with the hash but another identity in its run.json is not taken
     (tmp_path / "other-c4a44410").mkdir()
     (tmp_path / "other-c4a44410" / "run.json").write_text('{"identity_hash": "deadbeef"}')
-    assert identity.existing_name(tmp_path, "new-c4a44410") in ("new-c4a44410", old)
-    assert identity.existing_name(tmp_path, "new-c4a44410") == old
+    assert run_folder.existing_name(tmp_path, "new-c4a44410") in ("new-c4a44410", old)
+    assert run_folder.existing_name(tmp_path, "new-c4a44410") == old
 
 
 def test_a_new_key_at_its_neutral_value_keeps_the_identity():

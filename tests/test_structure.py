@@ -91,3 +91,15 @@ def test_one_error_family():
     outside = sorted(n for n, c in found.items() if not issubclass(c, UserError) and n not in control_flow)
     assert not outside, outside
     assert user_error_types() == (UserError,)
+
+
+def test_identity_reads_nothing():
+    """identity.py is pure functions of the resolved values (issue 18): no file, folder or checkpoint
+    is read there; a start checkpoint's model is merged in by its callers (run_folder.start_model)."""
+    tree = ast.parse((SRC / "normlab" / "identity.py").read_text(encoding="utf-8"))
+    io = {"open", "read_text", "read_bytes", "load", "is_file", "is_dir", "exists", "glob", "stat", "iterdir"}
+    calls = sorted({n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in ast.walk(tree)
+                    if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))})
+    assert not io & set(calls), io & set(calls)
+    assert not {i for i in _imports(SRC / "normlab" / "identity.py", top_level_only=False)
+                if i.startswith(("normlab", "torch"))}

@@ -29,7 +29,7 @@ def is_multirun_job() -> bool:
 
 def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     """Write (or complete) results.json with status "failed"; True if the caller should go on."""
-    from normlab.identity import run_dir_of
+    from normlab.run_folder import run_dir_of
     from normlab.run_folder import hydra_choices
 
     run_dir = run_dir_of(cfg)

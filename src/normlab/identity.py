@@ -13,8 +13,9 @@ computed here from resolved values:
 - labels(cfg): the report's row values and the W&B tags for norm / init / regularizer / arm.
 - study_id(): a sweep's folder and W&B group, `<study>-<hash of the sweep's definition>`.
 
-The resolvers registered at the bottom (`nl.run_name`, `nl.run_dir`, `nl.study`) let conf/hydra
-name the run folder from the identity before the run starts.
+Pure functions of the resolved values: nothing here reads a file. The Hydra resolvers that name a
+run's folder before it starts (`nl.run_name`, `nl.run_dir`, with a start checkpoint's model merged
+in) are in normlab/resolvers.py; `nl.study` is `study_id` below.
 """
 from __future__ import annotations
 
@@ -53,19 +54,17 @@ HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
 
 
-def _plain(cfg: Any, with_checkpoint: bool = True) -> dict:
-    """The resolved task config as plain data, without Hydra's own node, with the model settings of
-    the `resume` / `finetune` checkpoint in place of the config's (see checkpoint_model)."""
+def plain(cfg: Any) -> dict:
+    """The resolved task config as plain data, without Hydra's own node. A run started from a
+    checkpoint (resume= / finetune=) is named as the model it continues: its caller merges the
+    checkpoint's model settings in first (run_folder.start_model; train.run, normlab.resolvers)."""
     if not OmegaConf.is_config(cfg):
         return dict(cfg)
-    out = {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
-           else cfg[k] for k in cfg if k != "hydra"}
-    for key, value in (checkpoint_model(cfg) if with_checkpoint else {}).items():
-        _set(out, key, value)
-    return out
+    return {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
+            else cfg[k] for k in cfg if k != "hydra"}
 
 
-def _set(tree: dict, dotted: str, value: Any) -> None:
+def set_key(tree: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for p in parents:
         tree = tree.setdefault(p, {})
@@ -83,25 +82,6 @@ def typed_overrides(cfg: Any) -> list[str]:
 
 def start_checkpoint(cfg: Any) -> str | None:
     return cfg.get("finetune") or cfg.get("resume")
-
-
-def checkpoint_model(cfg: Any) -> dict[str, Any]:
-    """{dotted key: value} of the model settings (model.*, norm.*, regularizer.*, init.name,
-    data.vocab_size) stored in the `finetune` or `resume` checkpoint, so a run started from a
-    checkpoint is built, named and tagged as the model it continues, without repeating overrides.
-    A key (or its group) set on the command line keeps its value."""
-    path = start_checkpoint(cfg)
-    if not path:
-        return {}
-    from normlab.run_folder import checkpoint_model_config
-
-    model = checkpoint_model_config(str(path), resume=not cfg.get("finetune"))
-    typed = {o.split("=", 1)[0].lstrip("+~") for o in typed_overrides(cfg)}
-    out = {}
-    for key, value in model.items():
-        if key not in typed and key.split(".", 1)[0] not in typed:
-            out[key] = value
-    return out
 
 
 def _drop(tree: dict, dotted: str) -> None:
@@ -122,7 +102,7 @@ def _get(tree: dict, dotted: str, missing: Any) -> Any:
 
 
 def identity(cfg: Any) -> dict:
-    out = _plain(cfg)
+    out = plain(cfg)
     for key in NOT_IDENTITY:
         _drop(out, key)
     missing = object()
@@ -199,7 +179,7 @@ def data_label(data: Any) -> str:
 
 def labels(cfg: Any) -> dict[str, str]:
     """Row values for the report and W&B tags, from resolved values."""
-    c = _plain(cfg)
+    c = plain(cfg)
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
     agg = aggregation_label(c.get("model") or {})
     # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et
@@ -215,7 +195,7 @@ def labels(cfg: Any) -> dict[str, str]:
 
 def run_name(cfg: Any) -> str:
     """`<name or labels>-<identity hash>`: readable, and never shared by two different configs."""
-    c = _plain(cfg)
+    c = plain(cfg)
     given = c.get("name")
     if given:
         readable = str(given)
@@ -225,23 +205,6 @@ def run_name(cfg: Any) -> str:
         readable = (f"{lab['data']}-{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
     return f"{_safe(readable)}-{identity_hash(c)}"
-
-
-def existing_name(parent: str | Path, name: str) -> str:
-    """`name`, or the folder an earlier release named for the same identity (the same hash after
-    another readable part, e.g. before the corpus was in names), so its runs continue or are
-    skipped instead of being trained again in a new folder."""
-    parent = Path(parent)
-    if (parent / name).exists() or not parent.is_dir():
-        return name
-    digest = name.rsplit("-", 1)[-1]
-    for cand in sorted(parent.glob(f"*-{digest}")):
-        try:
-            if json.loads((cand / "run.json").read_text()).get("identity_hash") == digest:
-                return cand.name
-        except (OSError, ValueError):
-            continue
-    return name
 
 
 def _safe(text: str) -> str:
@@ -254,7 +217,7 @@ PATH_HINTS = ("_src", "_tgt", "dir", "path", "file", "resume", "finetune")
 def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
     """W&B tags: the labels, placement / norm type / FixNorm, depths, seed, the preset choices, and
     `key:value` (resolved) for every key set on the command line or by a sweep, paths excepted."""
-    c = _plain(cfg)
+    c = plain(cfg)
     lab, n, m = labels(c), c.get("norm") or {}, c.get("model") or {}
     out = [f"{k}:{v}" for k, v in lab.items()]
     out += [f"placement:{n.get('placement')}", f"norm_type:{n.get('type')}", f"fixnorm:{bool(n.get('fixnorm'))}",
@@ -270,17 +233,6 @@ def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
         out.append(f"{key}:{value}")
     out += [str(t) for t in c.get("tags") or []]
     return list(dict.fromkeys(t[:64] for t in out))  # W&B: at most 64 characters a tag; no duplicates
-
-
-def run_dir_of(cfg: DictConfig) -> Path:
-    """The run's folder: Hydra's output dir, an explicit run_dir, else outputs/<run name>."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    if cfg.get("run_dir"):
-        return Path(cfg.run_dir)
-    return Path("outputs") / existing_name("outputs", run_name(cfg))
 
 
 # ---------------------------------------------------------------- Hydra resolvers
@@ -331,32 +283,3 @@ def _sweep_axes(overrides: list[str]) -> dict[str, list[str]]:
             continue
         axes[key] = sorted(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
     return axes
-
-
-def _folder_name(root: DictConfig) -> str:
-    try:
-        return run_name(root)
-    except Exception:  # e.g. an unreadable resume= checkpoint: train.run reports it in one line
-        return run_name(_plain(root, with_checkpoint=False))
-
-
-def _resolve_run_name(*, _root_: DictConfig) -> str:
-    name = _folder_name(_root_)
-    sweep_dir = OmegaConf.select(_root_, "hydra.sweep.dir", default=None)
-    return existing_name(sweep_dir, name) if sweep_dir else name
-
-
-def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
-    given = _root_.get("run_dir")
-    return str(given) if given else f"{parent}/{existing_name(parent, _folder_name(_root_))}"
-
-
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("nl.run_name"):
-        OmegaConf.register_new_resolver("nl.run_name", _resolve_run_name)
-        OmegaConf.register_new_resolver("nl.run_dir", _resolve_run_dir)
-        # cached: computed once on the sweep's own config, copied by Hydra into every job's config
-        OmegaConf.register_new_resolver("nl.study", study_id, use_cache=True)
-
-
-register_resolvers()

@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from normlab import identity
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
 from normlab.outcome import FINISHED  # results: not trained again
@@ -109,6 +110,48 @@ def checkpoint_model_config(path: str, resume: bool) -> dict[str, Any]:
         elif key not in ("pad_id", "bos_id", "eos_id"):
             out[f"model.{key}"] = value
     return out
+
+
+def existing_name(parent: str | Path, name: str) -> str:
+    """`name`, or the folder an earlier release named for the same identity (the same hash after
+    another readable part, e.g. before the corpus was in names), so its runs continue or are
+    skipped instead of being trained again in a new folder."""
+    parent = Path(parent)
+    if (parent / name).exists() or not parent.is_dir():
+        return name
+    digest = name.rsplit("-", 1)[-1]
+    for cand in sorted(parent.glob(f"*-{digest}")):
+        try:
+            if json.loads((cand / "run.json").read_text()).get("identity_hash") == digest:
+                return cand.name
+        except (OSError, ValueError):
+            continue
+    return name
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    """The run's folder: Hydra's output dir, an explicit run_dir, else outputs/<run name>."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    return Path("outputs") / existing_name("outputs", identity.run_name(cfg))
+
+
+def start_model(cfg: Any) -> dict[str, Any]:
+    """{dotted key: value} of the model settings (model.*, norm.*, regularizer.*, init.name,
+    data.vocab_size) stored in the `finetune` or `resume` checkpoint, so a run started from a
+    checkpoint is built, named and tagged as the model it continues, without repeating overrides.
+    A key (or its group) set on the command line keeps its value. The one place naming reads a
+    checkpoint (identity.py reads nothing)."""
+    path = identity.start_checkpoint(cfg)
+    if not path:
+        return {}
+    model = checkpoint_model_config(str(path), resume=not cfg.get("finetune"))
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in identity.typed_overrides(cfg)}
+    return {key: value for key, value in model.items() if key not in typed and key.split(".", 1)[0] not in typed}
 
 
 def _read_json(path: Path) -> dict:

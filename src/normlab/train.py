@@ -30,9 +30,9 @@ from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
-from normlab.identity import run_dir_of
+import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
 from normlab.run_folder import (csv_histories, hydra_choices, locked, prepare, readable, restore_csv_histories,
-                                start_checkpoint_path)
+                                run_dir_of, start_checkpoint_path, start_model)
 
 log = logging.getLogger("normlab")
 
@@ -67,8 +67,9 @@ def _rank_zero() -> bool:
 
 
 def apply_checkpoint_model(cfg: DictConfig) -> None:
-    """resume= / finetune=: the checkpoint's model settings replace the config's (identity.py)."""
-    values = identity.checkpoint_model(cfg)
+    """resume= / finetune=: the checkpoint's model settings replace the config's, so the run is
+    built, named (identity.py) and tagged as the model it continues."""
+    values = start_model(cfg)
     with open_dict(cfg):
         for key, value in values.items():
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
@@ -128,13 +129,13 @@ def _plugins() -> list:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train and score one run; its folder is held by this process throughout (run_folder.locked)."""
+    apply_checkpoint_model(cfg)  # before anything names the run (its folder, the lock)
     with locked(run_dir_of(cfg), _rank_zero()):
         return _run(cfg)
 
 
 def _run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.time()
-    apply_checkpoint_model(cfg)
     try:
         validate_run_config(cfg)  # fails before any data is read, naming the key
     except ConfigError as e:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-import normlab.identity  # registers the resolvers conf/hydra names run folders with (nl.run_name, nl.study)
+import normlab.resolvers  # registers the resolvers conf/hydra names run folders with (nl.run_name, nl.study)
 from normlab.errors import EXIT_USER_ERROR, UserError, one_line, show_tracebacks, user_error_types
 
 log = logging.getLogger("normlab")
@@ -55,7 +55,7 @@ def task(cfg: DictConfig) -> float | None:
     from normlab.config import validate_run_config
     from normlab.failure import is_multirun_job, record_failure
 
-    normlab.identity.register_resolvers()  # a submitit worker unpickles this function without importing train.py
+    normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py
     try:
         validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
         from normlab.callbacks.progress import console_setup

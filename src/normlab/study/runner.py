@@ -75,6 +75,7 @@ def plan(study: Study, runs: Path, out: Path) -> list[Job]:
     """Every (arm, seed) of the study with its run folder and record, composed and checked before
     anything runs."""
     from normlab import identity
+    from normlab.run_folder import existing_name
 
     jobs = []
     for seed in study.seeds:  # seed-major: a partial study has whole seeds of every arm
@@ -84,7 +85,7 @@ def plan(study: Study, runs: Path, out: Path) -> list[Job]:
                 cfg = compose(overrides)
             except UserError as e:
                 raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
-            name = identity.existing_name(runs, identity.run_name(cfg))  # a folder of an older name: continued
+            name = existing_name(runs, identity.run_name(cfg))  # a folder of an older name: continued
             jobs.append(Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name,
                             out / "runs" / f"{arm.name}-s{seed}"))
     return jobs
