@@ -103,3 +103,23 @@ def test_names_tags_and_labels_say_the_corpus(tmp_path):
     name, labels, tags, _ = describe("data=preprocessed", f"data.path={tmp_path / 'ding_de_en'}")
     assert name.startswith("ding_de_en-pre_ln-") and labels["data"] == "ding_de_en"
     assert "data:ding_de_en" in tags
+
+
+def test_a_run_is_resolved_once_before_its_folder_is_touched(tmp_path):
+    """run_spec.resolve: the name, hash, labels and folder computed once from the resolved values; a
+    bad value is one ConfigError before the folder exists."""
+    import dataclasses
+
+    from normlab.config import ConfigError
+    from normlab.run_spec import resolve
+
+    cfg = compose_cfg(["norm=postnorm", f"run_dir={tmp_path / 'run'}"])
+    spec = resolve(cfg)
+    assert spec.name == identity.run_name(cfg) and spec.identity_hash == identity.identity_hash(cfg)
+    assert spec.labels["norm"] == "post_ln" and "norm:post_ln" in spec.tags and spec.run_dir == tmp_path / "run"
+    assert not spec.resume and not spec.finetune and spec.start is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"
+    with pytest.raises(ConfigError, match="optim.lr"):
+        resolve(compose_cfg(["optim.lr=-1", f"run_dir={tmp_path / 'bad'}"]))
+    assert not (tmp_path / "bad").exists()

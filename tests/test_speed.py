@@ -136,8 +136,8 @@ def test_no_hook_of_the_default_loop_reads_back_from_the_device_on_a_non_logging
 
     build = train_mod.build_callbacks
 
-    def build_counted(cfg):
-        callbacks = build(cfg)
+    def build_counted(*args, **kwargs):
+        callbacks = build(*args, **kwargs)
         for cb in callbacks:
             for name in HOOKS:
                 owner = next((k for k in type(cb).__mro__ if name in k.__dict__), None)

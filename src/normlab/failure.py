@@ -32,6 +32,7 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     from normlab.run_folder import run_dir_of
     from normlab.run_folder import hydra_choices
 
+    _merge_start_model(cfg)  # named as train.run names it, also when it failed before merging
     run_dir = run_dir_of(cfg)
     if _belongs_to_another_run(Path(run_dir), cfg):
         log.error("%s holds another run: its results.json is left as it is", run_dir)
@@ -63,6 +64,17 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
         log.error("job failed, the sweep goes on: %s: %s (details in results.json)", type(err).__name__, err)
         return True
     return False
+
+
+def _merge_start_model(cfg: DictConfig) -> None:
+    """resume= / finetune=: the start checkpoint's model, as train.run merges it (best effort: an
+    unreadable checkpoint is the failure being recorded)."""
+    try:
+        from normlab.run_spec import apply_start_model
+
+        apply_start_model(cfg)
+    except Exception:
+        pass
 
 
 def _belongs_to_another_run(run_dir: Path, cfg: DictConfig) -> bool:

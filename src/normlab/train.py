@@ -1,5 +1,5 @@
-"""run(cfg): validate, find or continue the run's folder, build data + model + trainer, fit, score,
-write results.json.
+"""run(cfg): resolve the run once (run_spec.py), find or continue its folder, build data + model +
+trainer, fit, score, write results.json.
 
 `train.py` at the project root is the Hydra entry point; this module holds the work so that
 tests and other commands can call it with a composed config. Where a run lives and whether it
@@ -10,43 +10,29 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from normlab import identity
 from normlab.budget import stopped_by_time, trainer_overrides
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
-from normlab.config import ConfigError, check_machine, validate_run_config
+from normlab.config import ConfigError
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
-from normlab.run_folder import (csv_histories, hydra_choices, locked, prepare, readable, restore_csv_histories,
-                                run_dir_of, start_checkpoint_path, start_model)
+from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
+from normlab.run_spec import RunSpec, resolve
 
 log = logging.getLogger("normlab")
-
-
-def describe(cfg: DictConfig, choices: dict) -> tuple[str, str, list[str]]:
-    """W&B name, group and tags from the resolved values (identity.py)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    group = cfg.get("group")
-    if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
-        hc = HydraConfig.get()
-        group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")
-    tags = identity.tags(cfg, choices, identity.typed_overrides(cfg))
-    return identity.run_name(cfg), str(group or "default"), tags
 
 
 def build_callbacks(cfg: DictConfig, outcome: RunOutcome | None = None) -> list:
@@ -64,15 +50,6 @@ def build_callbacks(cfg: DictConfig, outcome: RunOutcome | None = None) -> list:
 def _rank_zero() -> bool:
     """Before the trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
     return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
-
-
-def apply_checkpoint_model(cfg: DictConfig) -> None:
-    """resume= / finetune=: the checkpoint's model settings replace the config's, so the run is
-    built, named (identity.py) and tagged as the model it continues."""
-    values = start_model(cfg)
-    with open_dict(cfg):
-        for key, value in values.items():
-            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def load_finetune_weights(model, ckpt: dict, path) -> None:
@@ -103,21 +80,6 @@ def check_weights_fit(module, ckpt: dict, path) -> None:
                           f"(first difference: {bad[0]}); drop the model overrides, or use finetune=")
 
 
-def _not_combined(cfg: DictConfig, err: ConfigError) -> ConfigError:
-    """A model setting typed on the command line that does not combine with the start checkpoint's
-    model: the error names the checkpoint and the typed keys (the values it lists are both's)."""
-    start = identity.start_checkpoint(cfg)
-    if not start:
-        return err
-    model_keys = ("model", "norm", "regularizer", "init", "data.vocab_size")
-    typed = [o.lstrip("+~") for o in identity.typed_overrides(cfg)
-             if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] in model_keys
-             or o.lstrip("+~").startswith("data.vocab_size=")]
-    key = "finetune" if cfg.get("finetune") else "resume"
-    return ConfigError(f"{key}={start}", f"the checkpoint's model and the command line's {' '.join(typed) or 'settings'} "
-                                         f"do not combine: {err}")
-
-
 def _plugins() -> list:
     plugins: list = [AtomicCheckpointIO()]
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -129,25 +91,17 @@ def _plugins() -> list:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train and score one run; its folder is held by this process throughout (run_folder.locked)."""
-    apply_checkpoint_model(cfg)  # before anything names the run (its folder, the lock)
-    with locked(run_dir_of(cfg), _rank_zero()):
-        return _run(cfg)
+    spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
+    with locked(spec.run_dir, _rank_zero()):
+        return _run(spec)
 
 
-def _run(cfg: DictConfig) -> dict[str, Any]:
+def _run(spec: RunSpec) -> dict[str, Any]:
     t0 = time.time()
-    try:
-        validate_run_config(cfg)  # fails before any data is read, naming the key
-    except ConfigError as e:
-        raise _not_combined(cfg, e) from None
-    check_machine(cfg)
+    cfg, run_dir, name = spec.cfg, spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
-    callbacks = build_callbacks(cfg, outcome)  # so does a bad callback setting
-    run_dir = run_dir_of(cfg)
-    choices = hydra_choices()
-    name, group, tags = describe(cfg, choices)
-    cont = prepare(run_dir, identity.identity(cfg), identity.identity_hash(cfg), name, bool(cfg.get("retrain")),
-                   _rank_zero())
+    callbacks = build_callbacks(cfg, outcome)  # a bad callback setting fails here, before any work
+    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, _rank_zero())
     if cont.finished is not None:
         r = cont.finished
         print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
@@ -156,13 +110,13 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
 
-    start = identity.start_checkpoint(cfg)
-    start_ckpt = start_checkpoint_path(str(start), resume=not cfg.get("finetune")) if start else None
+    start = spec.start
+    start_ckpt = start_checkpoint_path(str(start), resume=not spec.finetune) if start else None
     start_state = readable(start_ckpt) if start_ckpt else None
     if start_ckpt is not None and start_state is None:
         raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
     done = int((start_state or {}).get("global_step") or 0)
-    if cfg.get("resume") and not cfg.get("finetune") and cont.checkpoint is None and 0 < cfg.trainer.max_steps <= done:
+    if spec.resume and cont.checkpoint is None and 0 < cfg.trainer.max_steps <= done:
         raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
                                              f"{cfg.trainer.max_steps} leaves nothing to train (set it above {done}, "
                                              "or use finetune= to start the step count afresh)")
@@ -182,17 +136,16 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
                            eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto,
                            compile=cfg.model.get("compile", False))
-    if cfg.get("finetune") and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
+    if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
         load_finetune_weights(module.model, start_state, start_ckpt)
-    elif cfg.get("resume") and cont.checkpoint is None:
+    elif spec.resume and cont.checkpoint is None:
         check_weights_fit(module, start_state, start_ckpt)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
-    ckpt_path = cont.checkpoint or (start_ckpt if cfg.get("resume") and not cfg.get("finetune") else None)
+    ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
-    labels = identity.labels(cfg)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
-    loggers = build_loggers(cfg.get("logger"), run_dir, cfg.project, name, group, tags,
-                            config=full_cfg | {"choices": choices, "labels": labels}, run_id=cont.wandb_id)
+    loggers = build_loggers(cfg.get("logger"), run_dir, cfg.project, name, spec.group, list(spec.tags),
+                            config=full_cfg | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
     full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started = t0
@@ -210,8 +163,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
-    results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": choices, "labels": labels,
-                               "name": name, "group": group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
+    results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": spec.choices,
+                               "labels": spec.labels, "name": name, "group": spec.group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
     try:
         try:
@@ -227,7 +180,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
                   f"{trainer.max_steps}; rerun the same command to continue")
         results.update(outcome.reasons, status=outcome.status.value)
         results.update(final_scores(cfg, trainer, module, dm, run_dir, outcome.status))
-        if choices.get("debug") and outcome.status is Status.COMPLETED:
+        if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
             results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
         results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")
