@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.averaging import average_checkpoints, save_checkpoint, step_checkpoints
+from normlab.averaging import CheckpointMismatch, average_checkpoints, save_checkpoint, step_checkpoints
 from normlab.lit_module import ScorePass
 from normlab.outcome import SCORED, Status
 
@@ -97,7 +97,11 @@ def _averaged_test(trainer, module, dm, run_dir: Path, n: int) -> dict[str, Any]
         return {"test_bleu_avg": None}
     avg_path = run_dir / "checkpoints" / f"avg-last{len(paths)}.ckpt"
     if trainer.is_global_zero:
-        save_checkpoint(average_checkpoints(paths), avg_path)
+        try:
+            averaged = average_checkpoints(paths)
+        except CheckpointMismatch as e:  # the run's own checkpoints: a bug or a corruption, not an input
+            raise RuntimeError(f"the run's step checkpoints do not average: {e}") from e
+        save_checkpoint(averaged, avg_path)
     trainer.strategy.barrier()
     out: dict[str, Any] = {"averaged_checkpoints": [p.name for p in paths], "averaged_checkpoint": str(avg_path)}
     evaluation_pass(out, trainer, module, dm, "test", str(avg_path), suffix="_avg")

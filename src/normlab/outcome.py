@@ -70,7 +70,8 @@ class RunOutcome:
         return self.status is Status.RUNNING
 
     def end(self, status: Status, **reasons: Any) -> None:
-        """A callback ends the run (the last call wins: a divergence in the step a signal arrived
-        is a divergence)."""
+        """A callback ends the run. The last call wins, in the callbacks' order
+        (conf/callbacks/default.yaml): a signal in the step a divergence is found ends the run as
+        preempted, with the divergence's reasons kept beside it, as before there was an outcome."""
         self.status = Status(status)
         self.reasons.update(reasons)

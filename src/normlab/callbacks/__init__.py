@@ -24,7 +24,7 @@ def instantiate_callbacks(callbacks_cfg: Any, outcome: Any = None) -> list:
         if isinstance(node, DictConfig) and "_target_" in node:
             try:
                 if outcome is not None and _takes_outcome(node._target_):  # the object itself (Hydra
-                    callback = hydra.utils.instantiate(node, _partial_=True)(outcome=outcome)  # copies kwargs)
+                    callback = _call(hydra.utils.instantiate(node, _partial_=True), node, outcome)  # copies kwargs)
                 else:
                     callback = hydra.utils.instantiate(node)
                 if callback is not None:  # a factory may decline (the progress bar when the bar is off)
@@ -34,6 +34,21 @@ def instantiate_callbacks(callbacks_cfg: Any, outcome: Any = None) -> list:
                     raise e.__cause__ from None
                 raise
     return out
+
+
+def _call(factory, node, outcome):
+    """factory(outcome=outcome), its errors reported as Hydra's instantiate reports them (a bad value
+    or an unknown key: one line naming the target), a ConfigError as itself."""
+    from hydra.errors import InstantiationException
+
+    from normlab.config import ConfigError
+
+    try:
+        return factory(outcome=outcome)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise InstantiationException(f"Error in call to target '{node._target_}':\n{type(e).__name__}({e})") from e
 
 
 def _takes_outcome(target: str) -> bool:

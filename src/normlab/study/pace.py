@@ -2,10 +2,11 @@
 
 A study at a fixed step budget compares arms that learn at different speeds; a regulariser
 (LayerDrop, DropHead) or a conservative scheme can lose at 2,000 steps and win at convergence. What
-can be measured here is how far behind an arm is: the step at which the best arm (the lowest final
+can be measured here is how far behind an arm is: the step at which the best arm (the best final
 validation loss) first reached the loss the arm ended with. "ended where the best arm was at step
-900 of 2,000" says "undertrained at this budget". The curve is the mean over the reference arm's completed seeds, interpolated linearly between
-its validations (every `trainer.val_check_interval` steps, so the step is approximate).
+900 of 2,000" says "undertrained at this budget". The curve is the mean over the reference arm's
+completed seeds, interpolated linearly between its validations (every `trainer.val_check_interval`
+steps, so the step is approximate).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def pace_lines(study: Study, by_arm: dict[str, list[Record]]) -> list[str]:
     ref_label, ref_end = study.arms[ref].label, curves[ref][-1][0]
     lines = ["## Pace (where each arm ended, on the best arm's curve)", "",
              f"Each arm's {series} at its last validation (mean over completed seeds), and the step at which "
-             f"{ref_label} (the lowest final {series}) first reached it, linear between its validations. An arm "
+             f"{ref_label} (the best final {series}) first reached it, linear between its validations. An arm "
              "that ends where the best one was early in its budget is undertrained at this budget: the paper's "
              "comparison, at convergence, may still differ.", "",
              f"| arm | last step | {series} | {ref_label} reached it at step |", "|---|---|---|---|"]
