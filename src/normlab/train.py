@@ -178,8 +178,11 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         if outcome.status is Status.STOPPED:
             print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "
                   f"{trainer.max_steps}; rerun the same command to continue")
-        results.update(outcome.reasons, status=outcome.status.value)
+        results.update(outcome.reasons)
         results.update(final_scores(cfg, trainer, module, dm, run_dir, outcome.status))
+        # The status last: Ctrl-C while scoring leaves `interrupted` (the rerun scores it), never a
+        # `completed` run without its scores, which a rerun would skip as finished.
+        results["status"] = outcome.status.value
         if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
             results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
