@@ -74,3 +74,39 @@ def test_wandb_summary_is_results_json_in_every_end_state(status, small_corpus, 
         assert summary[reason] == results[reason] and results[reason]
     steps = [r["_step"] for r in rows if "train/loss" in r]
     assert steps and len(steps) == len(set(steps))  # each step logged once
+
+
+def _summary_with_removals(run_dir) -> dict:
+    """The W&B summary the legs leave once synced in order: updates and removals applied."""
+    from conftest import wandb_records
+
+    summary = {}
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        for rec in wandb_records(path):
+            if rec.WhichOneof("record_type") == "summary":
+                summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+                for i in rec.summary.remove:
+                    summary.pop(i.key or "/".join(i.nested_key), None)
+    return summary
+
+
+def test_a_continued_runs_summary_drops_the_earlier_legs_reasons(small_corpus, tmp_path, monkeypatch):
+    """Preempted, then continued to the end by the same command: results.json has no stopped_by any
+    more, and neither has the one W&B run (its summary outlives the first leg)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
+        "logger=[wandb,csv]", "trainer.max_steps=8", "trainer.val_check_interval=4", "eval.test_greedy=false",
+        "eval.test_average=false", "callbacks.full_checkpoint.every_n_steps=100"]
+    with monkeypatch.context() as m:
+        _sigterm_at_step_3(m)
+        with pytest.raises(SystemExit):
+            run(compose_cfg(over))
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert first["status"] == "preempted" and first["stopped_by"] == "SIGTERM"
+    results = run(compose_cfg(over))
+    assert results["status"] == "completed" and "stopped_by" not in results
+    summary = _summary_with_removals(tmp_path / "run")
+    assert len(list((tmp_path / "run").glob("wandb/offline-run-*"))) == 2
+    assert "stopped_by" not in summary and summary["status"] == "completed"
+    for key, value in wandb_summary(results).items():
+        assert summary.get(key) == value, key

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from normlab.outcome import Status
+from normlab.outcome import REASON_KEYS, Status
 from normlab.private_api import drop_wandb_init_key
 
 
@@ -93,7 +93,14 @@ def finish_loggers(loggers: list, results: dict | None = None) -> None:
             import wandb
 
             if wandb.run is not None:
-                wandb.run.summary.update(wandb_summary(results or {}))
+                summary = wandb_summary(results or {})
+                wandb.run.summary.update(summary)
+                for key in REASON_KEYS:  # an earlier leg's (preempted, failed) does not outlive it
+                    if key not in summary:
+                        try:  # offline, a removal record for the sync; a disabled run has no such key
+                            del wandb.run.summary[key]
+                        except KeyError:
+                            pass
                 # W&B's run state says what results.json says: a crash is "failed" in both
                 wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
         else:

@@ -58,6 +58,11 @@ UNFINISHED = _values(Status.STOPPED, Status.PREEMPTED)
 SCORED = _values(Status.COMPLETED, Status.STOPPED, Status.STALLED)
 # A finished run that failed to train: shown with its status, never with a score.
 FAILED_TO_TRAIN = _values(Status.DIVERGED, Status.STALLED)
+# results.json keys that say why a leg ended; a continued run's last leg drops an earlier leg's
+# (loggers.finish_loggers removes them from the W&B summary, which outlives the legs)
+REASON_KEYS = ("stopped_by", "diverged_step", "last_finite_loss", "divergence_reason", "stall_loss",
+               "input_independent_loss", "stall_reason", "stall_detected_step", "stopped_at_step", "error",
+               "traceback")
 
 
 @dataclass
