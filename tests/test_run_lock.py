@@ -30,3 +30,29 @@ def test_a_second_copy_is_refused_and_a_dead_holders_lock_is_taken_over(small_co
     assert res["status"] == "completed" and res["steps"] == 24
     assert "continuing from" in third.stderr + third.stdout  # from the killed run's checkpoint
     assert not (run_dir / ".lock").exists()
+
+
+def test_a_failing_rerun_writes_nothing_into_a_held_or_finished_folder(tmp_path):
+    """A second copy that fails before it reaches the lock (a bad value on the command line) records
+    nothing in the folder another process is training in, and a typo in the rerun of a finished run
+    leaves that run finished (its next correct rerun still skips it)."""
+    import json
+
+    from normlab.config import ConfigError
+    from normlab.failure import record_failure
+    from normlab.run_folder import locked
+
+    from conftest import compose_cfg
+
+    run_dir = tmp_path / "run"
+    cfg = compose_cfg([f"run_dir={run_dir}"])
+    with locked(run_dir):  # another process's run, training
+        record_failure(cfg, ConfigError("trainer.accelerator", "'gpu': this machine has no CUDA GPU"))
+        assert not (run_dir / "results.json").exists()
+    finished = {"status": "completed", "test_bleu": 12.3}
+    (run_dir / "results.json").write_text(json.dumps(finished))
+    record_failure(cfg, ConfigError("trainer.max_time", "'abc' is not valid"))
+    assert json.loads((run_dir / "results.json").read_text()) == finished
+    (run_dir / "results.json").write_text(json.dumps({"status": "preempted", "steps": 4}))
+    record_failure(cfg, ConfigError("trainer.max_time", "'abc' is not valid"))  # unfinished: recorded
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"

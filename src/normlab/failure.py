@@ -29,13 +29,17 @@ def is_multirun_job() -> bool:
 
 def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     """Write (or complete) results.json with status "failed"; True if the caller should go on."""
-    from normlab.run_folder import run_dir_of
-    from normlab.run_folder import hydra_choices
+    from normlab.outcome import FINISHED
+    from normlab.run_folder import held_elsewhere, hydra_choices, run_dir_of
 
     _merge_start_model(cfg)  # named as train.run names it, also when it failed before merging
     run_dir = run_dir_of(cfg)
     if _belongs_to_another_run(Path(run_dir), cfg):
         log.error("%s holds another run: its results.json is left as it is", run_dir)
+    elif held_elsewhere(Path(run_dir)):  # the same run training in another process (a bad rerun beside it)
+        log.error("%s is in use by another process: nothing written there", run_dir)
+    elif _status(Path(run_dir)) in FINISHED:  # a finished run stays finished (a typo in its rerun)
+        log.error("%s holds a finished run: its results.json is left as it is", run_dir)
     elif int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
         path = Path(run_dir) / "results.json"
         try:
@@ -64,6 +68,13 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
         log.error("job failed, the sweep goes on: %s: %s (details in results.json)", type(err).__name__, err)
         return True
     return False
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "results.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _merge_start_model(cfg: DictConfig) -> None:

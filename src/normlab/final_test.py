@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, save_checkpoint, step_checkpoints
+from normlab.checkpoint import CheckpointError
 from normlab.lit_module import ScorePass
 from normlab.outcome import SCORED, Status
 
@@ -99,7 +100,7 @@ def _averaged_test(trainer, module, dm, run_dir: Path, n: int) -> dict[str, Any]
     if trainer.is_global_zero:
         try:
             averaged = average_checkpoints(paths)
-        except CheckpointMismatch as e:  # the run's own checkpoints: a bug or a corruption, not an input
+        except (CheckpointMismatch, CheckpointError) as e:  # the run's own checkpoints: a bug or a corruption
             raise RuntimeError(f"the run's step checkpoints do not average: {e}") from e
         save_checkpoint(averaged, avg_path)
     trainer.strategy.barrier()

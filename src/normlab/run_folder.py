@@ -234,6 +234,22 @@ class RunFolderInUse(ConfigError):
     """Another process holds the run folder: nothing of this attempt is written into it."""
 
 
+def held_elsewhere(run_dir: Path) -> bool:
+    """Whether another process holds the folder now (locked()): a shared probe of its lock file."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def locked(run_dir: Path, rank_zero: bool = True):
     """Hold the run folder for this process: a second copy of the same command (same identity, so
