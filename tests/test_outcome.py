@@ -23,6 +23,7 @@ def test_status_is_its_value_everywhere():
     assert json.dumps({"status": Status.FAILED}) == '{"status": "failed"}'
     assert {Status.COMPLETED: 1}["completed"] == 1  # a member and its value are one key
     assert Status.STALLED in outcome.SCORED and Status.PREEMPTED not in outcome.SCORED
+    assert Status.STOPPED not in outcome.SCORED  # its invocation's time is up: the rerun scores it
     assert set(outcome.FINISHED) | set(outcome.UNFINISHED) | {"failed", "interrupted", "debug", "running"} == \
         {s.value for s in Status}
 

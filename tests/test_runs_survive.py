@@ -206,6 +206,7 @@ def test_a_wall_clock_cap_says_it_stopped_the_run(small_corpus, tmp_path, capsys
     results = run(compose_cfg(args))
     assert results["status"] == "stopped" and results["stopped_by"] == "max_time"
     assert 0 < results["steps"] < results["planned_steps"] == 100000
+    assert "valid_loss" not in results  # not scored: the rerun continues it and scores it at its end
     assert "stopped by trainer.max_time" in capsys.readouterr().out
 
 

@@ -60,7 +60,7 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path, status: St
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one.
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
-        return {}  # a stalled run trained to the end, a stopped one (max_time) as far as it got: both are scored
+        return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}

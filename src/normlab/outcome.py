@@ -54,8 +54,9 @@ def _values(*statuses: Status) -> tuple[str, ...]:
 FINISHED = _values(Status.COMPLETED, Status.DIVERGED, Status.STALLED)
 # Paused with a full checkpoint: the same command continues them.
 UNFINISHED = _values(Status.STOPPED, Status.PREEMPTED)
-# The final passes score these: a stalled run trained to the end, a stopped one as far as it got.
-SCORED = _values(Status.COMPLETED, Status.STOPPED, Status.STALLED)
+# The final passes score these: a stalled run is a result too. A stopped (max_time) run is not: its
+# invocation's time is up, and the same command continues it and scores it at its end.
+SCORED = _values(Status.COMPLETED, Status.STALLED)
 # A finished run that failed to train: shown with its status, never with a score.
 FAILED_TO_TRAIN = _values(Status.DIVERGED, Status.STALLED)
 # results.json keys that say why a leg ended; a continued run's last leg drops an earlier leg's
