@@ -10,7 +10,7 @@ it built (the LightningModule carries none of it).
     running      training, no callback has ended the run (never in a finished results.json but for
                  a process killed mid-run, see `interrupted`)
     completed    trained every planned step (or the data's end), scored
-    stopped      trainer.max_time reached: a full checkpoint, the same command continues; scored
+    stopped      trainer.max_time reached: a full checkpoint, the same command continues and scores it
     preempted    SIGTERM / SIGUSR1: a full checkpoint, the same command continues; not scored
     diverged     non-finite or exploding loss (callbacks/divergence.py): a result, not trained again
     stalled      at the input-independent floor (callbacks/stall.py): a result, scored, not trained again
@@ -20,7 +20,6 @@ it built (the LightningModule carries none of it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -66,10 +65,12 @@ REASON_KEYS = ("stopped_by", "diverged_step", "last_finite_loss", "divergence_re
                "traceback")
 
 
-@dataclass
 class RunOutcome:
-    status: Status = Status.RUNNING
-    reasons: dict[str, Any] = field(default_factory=dict)  # diverged_step, stall_reason, stopped_by, ...
+    # A plain class, not a dataclass: Hydra's instantiate passes it to the callbacks as this one
+    # object (a dataclass argument would be turned into a config, a copy).
+    def __init__(self) -> None:
+        self.status = Status.RUNNING
+        self.reasons: dict[str, Any] = {}  # diverged_step, stall_reason, stopped_by, ...
 
     @property
     def running(self) -> bool:

@@ -20,13 +20,11 @@ def instantiate_callbacks(callbacks_cfg: Any, outcome: Any = None) -> list:
     from normlab.config import ConfigError
 
     out = []
-    for key, node in (callbacks_cfg or {}).items():
+    for node in (callbacks_cfg or {}).values():
         if isinstance(node, DictConfig) and "_target_" in node:
             try:
-                if outcome is not None and _takes_outcome(node._target_):  # the object itself (Hydra
-                    callback = _call(hydra.utils.instantiate(node, _partial_=True), node, outcome, f"callbacks.{key}")  # copies kwargs)
-                else:
-                    callback = hydra.utils.instantiate(node)
+                takes = outcome is not None and _takes_outcome(node._target_)
+                callback = hydra.utils.instantiate(node, **({"outcome": outcome} if takes else {}))
                 if callback is not None:  # a factory may decline (the progress bar when the bar is off)
                     out.append(callback)
             except InstantiationException as e:
@@ -34,21 +32,6 @@ def instantiate_callbacks(callbacks_cfg: Any, outcome: Any = None) -> list:
                     raise e.__cause__ from None
                 raise
     return out
-
-
-def _call(factory, node, outcome, full_key: str):
-    """factory(outcome=outcome), its errors reported as Hydra's instantiate reports them (a bad value
-    or an unknown key: one line naming the target), a ConfigError as itself."""
-    from hydra.errors import InstantiationException
-
-    from normlab.config import ConfigError
-
-    try:
-        return factory(outcome=outcome)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise InstantiationException(f"Error in call to target '{node._target_}':\n{e!r}\nfull_key: {full_key}") from e
 
 
 def _takes_outcome(target: str) -> bool:
