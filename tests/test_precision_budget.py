@@ -74,7 +74,7 @@ def test_validation_interval_counts_optimizer_steps_under_accumulation(small_cor
 @pytest.mark.parametrize("devices, nodes, accumulate", [(1, 1, 8), (2, 1, 4), (4, 1, 2), (4, 2, 1)])
 def test_paper_presets_reach_their_tokens_per_update(devices, nodes, accumulate):
     cfg = compose_cfg(["experiment=layerdrop_paper", f"trainer.devices={devices}", f"trainer.num_nodes={nodes}"])
-    out = trainer_overrides(cfg)
+    out = trainer_overrides(cfg.trainer, cfg.data.max_tokens, cfg.optim.tokens_per_update)
     assert out["accumulate_grad_batches"] == accumulate
     assert cfg.data.max_tokens * devices * nodes * accumulate == cfg.optim.tokens_per_update
     assert out["val_check_interval"] == cfg.trainer.val_check_interval * accumulate

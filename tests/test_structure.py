@@ -103,3 +103,29 @@ def test_identity_reads_nothing():
     assert not io & set(calls), io & set(calls)
     assert not {i for i in _imports(SRC / "normlab" / "identity.py", top_level_only=False)
                 if i.startswith(("normlab", "torch"))}
+
+
+# The raw Hydra config is read where a run is resolved (issue 18): the commands, the study runner
+# (it composes its arms to name them), the resolution itself (run_spec, identity, resolvers,
+# config's validation, run_folder's naming, failure's naming of a run that did not resolve); the
+# Hydra wiring of objects (callbacks, loggers) instantiates nodes it is handed and reads no value.
+RESOLUTION = ("normlab.commands", "normlab.study", "normlab.run_spec", "normlab.identity", "normlab.resolvers",
+              "normlab.config", "normlab.run_folder", "normlab.failure")
+WIRING = ("normlab.callbacks", "normlab.loggers")
+
+
+def test_no_raw_config_below_the_resolution():
+    for name, path in sorted(_modules().items()):
+        if name.startswith(RESOLUTION) or name in WIRING:
+            continue
+        bad = sorted(i for i in _imports(path, top_level_only=False) if i.startswith("omegaconf"))
+        assert not bad, f"{name} imports {bad}: take the resolved values (run_spec.RunSpec), not the config"
+
+
+def test_a_run_reads_its_spec_alone():
+    """train._run (everything after resolve) names no `cfg`: it takes the RunSpec's values."""
+    tree = ast.parse((SRC / "normlab" / "train.py").read_text(encoding="utf-8"))
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_run")
+    names = {n.id for n in ast.walk(run) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(run) if isinstance(n, ast.Attribute)}
+    assert "cfg" not in names and "spec" in names

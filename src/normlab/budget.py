@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from omegaconf import DictConfig
-
 from normlab.config import ConfigError
 
 log = logging.getLogger("normlab")
@@ -34,11 +32,10 @@ def world_size(trainer_cfg: Any) -> int:
     return max(n, 1) * int(trainer_cfg.get("num_nodes") or 1)
 
 
-def trainer_overrides(cfg: DictConfig) -> dict[str, Any]:
-    """accumulate_grad_batches (from optim.tokens_per_update) and val_check_interval in batches."""
-    t = cfg.trainer
-    world, max_tokens = world_size(t), int(cfg.data.max_tokens)
-    target = cfg.optim.get("tokens_per_update")
+def trainer_overrides(t: Any, max_tokens: int, target: int | None) -> dict[str, Any]:
+    """accumulate_grad_batches (from `target`, optim.tokens_per_update) and val_check_interval in
+    batches, for the Trainer settings `t` (the config's `trainer`) and data.max_tokens."""
+    world, max_tokens = world_size(t), int(max_tokens)
     accumulate = int(t.get("accumulate_grad_batches") or 1)
     if target:
         if not isinstance(target, int) or target < 1:

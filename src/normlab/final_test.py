@@ -19,12 +19,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from normlab.averaging import CheckpointMismatch, average_checkpoints, save_checkpoint, step_checkpoints
 from normlab.checkpoint import CheckpointError
 from normlab.lit_module import ScorePass
 from normlab.outcome import SCORED, Status
+from normlab.run_spec import FinalPasses
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -56,7 +55,7 @@ def merge_scores(out: dict, more: dict) -> dict:
     return out
 
 
-def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
+def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
     """Validation and test scores of one checkpoint: the best by validation BLEU if there is one.
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
@@ -65,7 +64,7 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path, status: St
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}
     evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False)
-    if not cfg.eval.test:
+    if not passes.test:
         return out
     t = evaluation_pass(out, trainer, module, dm, "test", ckpt)
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
@@ -73,21 +72,18 @@ def final_scores(cfg: DictConfig, trainer, module, dm, run_dir: Path, status: St
         (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
     if status is Status.STALLED:  # at the floor: a greedy or averaged re-decode
         return out                                             # adds nothing but time (issue 21)
-    merge_scores(out, extra_test_scores(cfg, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
+    merge_scores(out, extra_test_scores(passes, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
 
 
-def extra_test_scores(cfg: DictConfig, trainer, module, dm, ckpt: str | None, run_dir: Path) -> dict[str, Any]:
-    plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else None  # noqa: E731
-    valid_dec, test_dec = plain(cfg.eval.decoder), plain(cfg.eval.get("test_decoder")) or plain(cfg.eval.decoder)
-    out: dict[str, Any] = {"decoders": {"valid": valid_dec, "test": test_dec}}
-    if cfg.eval.get("test_greedy", True) and test_dec != valid_dec:
+def extra_test_scores(passes: FinalPasses, trainer, module, dm, ckpt: str | None, run_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"decoders": passes.decoders}
+    if passes.greedy:
         # teacher-forced loss / ppl are the beam pass's: only the decoded scores get a key
         evaluation_pass(out, trainer, module, dm, "test", ckpt, suffix="_greedy", keys=("bleu", "chrf"),
                         decode=module.decode)
-    n = int(cfg.callbacks.step_checkpoints.get("keep_last_n") or 0)
-    if cfg.eval.get("test_average", True) and n > 0:
-        merge_scores(out, _averaged_test(trainer, module, dm, run_dir, n))
+    if passes.average_last_n > 0:
+        merge_scores(out, _averaged_test(trainer, module, dm, run_dir, passes.average_last_n))
     return out
 
 

@@ -1,7 +1,10 @@
 """A run resolved once (issue 18): `resolve(cfg)` merges the start checkpoint's model into the
 composed config (read once), validates it once, and computes what names the run (identity, hash,
-name, labels, tags, W&B group, folder) once, before the run's folder is touched. train.run takes the
-frozen RunSpec; nothing below it recomputes a name or re-reads the start checkpoint's model.
+name, labels, tags, W&B group, folder) and every value the run needs (model, optimizer, evaluation,
+final passes, tokens per update, seed) once, before the run's folder is touched. train._run takes
+the frozen RunSpec and reads no raw config: what it builds through Hydra (the data module, the
+Trainer, the callbacks, the loggers) it gets as those objects' own `_target_` nodes, and nothing
+below it recomputes a name or re-reads the start checkpoint's model.
 """
 from __future__ import annotations
 
@@ -12,13 +15,31 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
-from normlab.config import ConfigError, check_machine, validate_run_config
+from normlab.budget import trainer_overrides
+from normlab.config import ConfigError, ModelConfig, check_machine, model_config_from_hydra, validate_run_config
 from normlab.run_folder import hydra_choices, run_dir_of, start_model
 
 
 @dataclass(frozen=True)
+class FinalPasses:
+    """What a finished run is scored with (final_test.py), resolved from `eval` and the step
+    checkpoints' `keep_last_n`."""
+    test: bool                 # eval.test: score the test split at all
+    greedy: bool               # eval.test_greedy, and the test decoder differs from validation's
+    average_last_n: int        # eval.test_average: average this many step checkpoints (0: no pass)
+    decoders: dict[str, dict]  # {"valid": ..., "test": ...}: the decoder settings, for results.json
+
+    @classmethod
+    def of(cls, eval_cfg: dict, keep_last_n: int) -> "FinalPasses":
+        valid = dict(eval_cfg.get("decoder") or {})
+        test = dict(eval_cfg.get("test_decoder") or valid)
+        return cls(test=bool(eval_cfg.get("test", True)), greedy=bool(eval_cfg.get("test_greedy", True)) and test != valid,
+                   average_last_n=int(keep_last_n or 0) if eval_cfg.get("test_average", True) else 0,
+                   decoders={"valid": valid, "test": test})
+
+
+@dataclass(frozen=True)
 class RunSpec:
-    cfg: DictConfig            # the composed config, the start checkpoint's model merged in
     run_dir: Path
     name: str                  # W&B name = the folder's name part
     group: str                 # W&B group: the sweep's folder, the experiment, or "default"
@@ -31,6 +52,22 @@ class RunSpec:
     finetune: bool             # finetune=: the weights only; optimizer, schedule and step afresh
     resume: bool               # resume= (without finetune=): continue another run's full checkpoint
     retrain: bool
+    seed: int
+    project: str               # the W&B project
+    model: ModelConfig         # the model's settings; the vocabulary and special ids come from the data
+    optim: dict[str, Any]
+    eval: dict[str, Any]       # the module's decoders and validation settings
+    final: FinalPasses
+    compile: Any               # model.compile: false, true or a backend
+    max_steps: int
+    max_time: Any              # trainer.max_time as given (None: no cap); preemption stops at it
+    trainer_overrides: dict[str, Any]  # accumulation and val_check_interval from the token budget (budget.py)
+    config: dict[str, Any]     # the whole resolved config (W&B's run config)
+    # Hydra nodes of the objects the run builds (instantiated by train._run, never read):
+    data: DictConfig
+    trainer: DictConfig
+    callbacks: DictConfig | None
+    loggers: DictConfig | None
 
 
 def resolve(cfg: DictConfig) -> RunSpec:
@@ -42,11 +79,21 @@ def resolve(cfg: DictConfig) -> RunSpec:
         raise _not_combined(cfg, e) from None
     check_machine(cfg)
     choices = hydra_choices()
-    return RunSpec(cfg=cfg, run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
+    plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else {}  # noqa: E731
+    eval_cfg = plain(cfg.eval)
+    keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
+    return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
                    tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
                    choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
                    start=identity.start_checkpoint(cfg), finetune=bool(cfg.get("finetune")),
-                   resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")))
+                   resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")),
+                   seed=int(cfg.seed), project=str(cfg.project), model=model_config_from_hydra(cfg),
+                   optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
+                   compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=trainer_overrides(cfg.trainer, cfg.data.max_tokens,
+                                                       cfg.optim.get("tokens_per_update")),
+                   config=plain(cfg), data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"),
+                   loggers=cfg.get("logger"))
 
 
 def apply_start_model(cfg: DictConfig) -> None:

@@ -1,5 +1,5 @@
-"""run(cfg): resolve the run once (run_spec.py), find or continue its folder, build data + model +
-trainer, fit, score, write results.json.
+"""run(cfg): resolve the run once (run_spec.py), then, from the RunSpec alone (no raw config below
+here), find or continue its folder, build data + model + trainer, fit, score, write results.json.
 
 `train.py` at the project root is the Hydra entry point; this module holds the work so that
 tests and other commands can call it with a composed config. Where a run lives and whether it
@@ -12,12 +12,12 @@ import os
 import time
 from typing import Any
 
+import dataclasses
+
 import hydra
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig, OmegaConf
-
-from normlab.budget import stopped_by_time, trainer_overrides
+from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.checkpoint import write_json
@@ -35,12 +35,12 @@ from normlab.run_spec import RunSpec, resolve
 log = logging.getLogger("normlab")
 
 
-def build_callbacks(cfg: DictConfig, outcome: RunOutcome | None = None) -> list:
-    """Every `_target_` node under `callbacks` (normlab.callbacks), the ones that can end a run given
-    the run's `outcome`; when fine-tuning, not Admin's initialisation: the weights, ω included, come
-    from the checkpoint."""
-    callbacks = instantiate_callbacks(cfg.get("callbacks"), outcome)
-    if cfg.get("finetune"):
+def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: bool = False) -> list:
+    """Every `_target_` node of `nodes` (the config's `callbacks`: normlab.callbacks), the ones that
+    can end a run given the run's `outcome`; when fine-tuning, not Admin's initialisation: the
+    weights, ω included, come from the checkpoint."""
+    callbacks = instantiate_callbacks(nodes, outcome)
+    if finetune:
         from normlab.callbacks.admin_init import AdminInit
 
         callbacks = [c for c in callbacks if not isinstance(c, AdminInit)]
@@ -89,8 +89,9 @@ def _plugins() -> list:
     return plugins
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train and score one run; its folder is held by this process throughout (run_folder.locked)."""
+def run(cfg: Any) -> dict[str, Any]:
+    """Train and score the run the composed config `cfg` describes (resolved here, once, into a
+    RunSpec); its folder is held by this process throughout (run_folder.locked)."""
     spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
     with locked(spec.run_dir, _rank_zero()):
         return _run(spec)
@@ -98,9 +99,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0 = time.time()
-    cfg, run_dir, name = spec.cfg, spec.run_dir, spec.name
+    run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
-    callbacks = build_callbacks(cfg, outcome)  # a bad callback setting fails here, before any work
+    callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
     cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, _rank_zero())
     if cont.finished is not None:
         r = cont.finished
@@ -108,7 +109,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
               "not training again (retrain=true trains it again)")
         return r
     run_dir.mkdir(parents=True, exist_ok=True)
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(spec.seed, workers=True)
 
     start = spec.start
     start_ckpt = start_checkpoint_path(str(start), resume=not spec.finetune) if start else None
@@ -116,26 +117,23 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     if start_ckpt is not None and start_state is None:
         raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
     done = int((start_state or {}).get("global_step") or 0)
-    if spec.resume and cont.checkpoint is None and 0 < cfg.trainer.max_steps <= done:
+    if spec.resume and cont.checkpoint is None and 0 < spec.max_steps <= done:
         raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
-                                             f"{cfg.trainer.max_steps} leaves nothing to train (set it above {done}, "
+                                             f"{spec.max_steps} leaves nothing to train (set it above {done}, "
                                              "or use finetune= to start the step count afresh)")
     tok_kwargs = {}
     if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
 
         tok_kwargs["tokenizer"] = Tokenizer.from_proto(start_state["tokenizer_proto"])
-    dm = hydra.utils.instantiate(cfg.data, **tok_kwargs)
+    dm = hydra.utils.instantiate(spec.data, **tok_kwargs)
     dm.setup("fit")
     tok = dm.tokenizer
     tok.save(run_dir / "tokenizer")
-    from normlab.config import model_config_from_hydra
-
-    model_cfg = model_config_from_hydra(cfg, vocab_size=tok.vocab_size,
-                                        special={"pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
-    module = Seq2SeqModule(model_cfg.to_dict(), optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                           eval=OmegaConf.to_container(cfg.eval, resolve=True), tokenizer_proto=tok.proto,
-                           compile=cfg.model.get("compile", False))
+    model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
+                                    eos_id=tok.eos_id)  # the data's vocabulary
+    module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
+                           compile=spec.compile)
     if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
         load_finetune_weights(module.model, start_state, start_ckpt)
     elif spec.resume and cont.checkpoint is None:
@@ -143,28 +141,27 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
     ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
-    full_cfg = OmegaConf.to_container(cfg, resolve=True)
-    loggers = build_loggers(cfg.get("logger"), run_dir, cfg.project, name, spec.group, list(spec.tags),
-                            config=full_cfg | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
+    loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
+                            config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
     full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started = t0
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
     # own, which prints "Epoch 0/-2" bars into redirected logs.
     bar = any(isinstance(c, ProgressBar) for c in callbacks)
-    overrides = trainer_overrides(cfg)
+    overrides = dict(spec.trainer_overrides)
     preemption = next((c for c in callbacks if isinstance(c, Preemption)), None)
-    if cfg.trainer.get("max_time") and preemption is not None:  # ours: at a step boundary, checkpointed
-        preemption.max_time = max_time_seconds(cfg.trainer.max_time)
+    if spec.max_time and preemption is not None:  # ours: at a step boundary, checkpointed
+        preemption.max_time = max_time_seconds(spec.max_time)
         overrides["max_time"] = None
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
+    trainer: L.Trainer = hydra.utils.instantiate(spec.trainer, logger=loggers or False, callbacks=callbacks,
                                                  plugins=_plugins(), default_root_dir=str(run_dir),
                                                  enable_progress_bar=bar, **overrides)
     restore_csv_histories(trainer.loggers, histories)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
     results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": spec.choices,
-                               "labels": spec.labels, "name": name, "group": spec.group, "seed": cfg.seed, "identity_hash": cont.record["identity_hash"],
+                               "labels": spec.labels, "name": name, "group": spec.group, "seed": spec.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
     try:
         try:
@@ -176,10 +173,10 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         elif outcome.running:  # no callback ended it: trained every planned step
             outcome.end(Status.COMPLETED)
         if outcome.status is Status.STOPPED:
-            print(f"stopped by trainer.max_time={cfg.trainer.max_time} at step {trainer.global_step} of "
+            print(f"stopped by trainer.max_time={spec.max_time} at step {trainer.global_step} of "
                   f"{trainer.max_steps}; rerun the same command to continue")
         results.update(outcome.reasons)
-        results.update(final_scores(cfg, trainer, module, dm, run_dir, outcome.status))
+        results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
         # The status last: Ctrl-C while scoring leaves `interrupted` (the rerun scores it), never a
         # `completed` run without its scores, which a rerun would skip as finished.
         results["status"] = outcome.status.value
