@@ -60,3 +60,43 @@ def test_a_new_key_at_its_neutral_value_keeps_the_identity():
         on = compose(config_name="config", overrides=["callbacks.stall.stop_after=100"])
     assert identity.identity_hash(on) != identity.identity_hash(base)
     assert base.callbacks.stall.stop_after is None and identity.run_name(base) == "bible_de_en-" + PINNED[0][1]
+
+
+def test_a_started_run_is_named_alike_by_its_folder_and_its_record(tmp_path):
+    """finetune=/resume= with a checkpoint whose model changes a key that others interpolate
+    (data.max_positions follows model.max_positions; callbacks.drophead_schedule.p follows
+    regularizer.drophead): the folder (the Hydra resolver) and run.json (run_spec.resolve) carry one
+    name. A folder an earlier release named the other way is still the one the command continues."""
+    import torch
+
+    from normlab.run_spec import resolve
+
+    weights = tmp_path / "w.ckpt"
+    torch.save({"model_config": {"max_positions": 64, "regularizer": {"drophead": 0.2}}, "state_dict": {}}, weights)
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"finetune={weights}"], return_hydra_config=True)
+    folder = resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg)
+    spec = resolve(compose_job(cfg, tmp_path / 'run'))
+    assert folder == f"{tmp_path}/outputs/{spec.name}"
+    # the release before named it from the resolved tree with the checkpoint's values set on it
+    name, legacy = resolvers._folder_names(cfg)
+    assert name == spec.name and legacy != name and legacy.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]
+    (tmp_path / "outputs" / legacy).mkdir(parents=True)
+    (tmp_path / "outputs" / legacy / "run.json").write_text('{"identity_hash": "%s"}' % spec.identity_hash)
+    assert resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg) == f"{tmp_path}/outputs/{legacy}"
+    # once a folder of the right name exists, it is the one
+    (tmp_path / "outputs" / name).mkdir()
+    assert resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg) == f"{tmp_path}/outputs/{name}"
+
+
+def compose_job(cfg, run_dir):
+    """The job's config as train.run resolves it: a copy (resolve merges the checkpoint's model into
+    it), its typed overrides in its hydra node, its folder given."""
+    import copy
+
+    from omegaconf import open_dict
+
+    job = copy.deepcopy(cfg)
+    with open_dict(job):
+        job.run_dir = str(run_dir)
+    return job

@@ -5,20 +5,45 @@ checkpoint); `nl.study` names a sweep's folder (identity.study_id). Registered o
 imports this module; a submitit worker calls register_resolvers itself)."""
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import copy
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
 
 
-def _folder_name(root: DictConfig) -> str:
-    tree = identity.plain(root)
-    if identity.start_checkpoint(root):
-        try:
-            for key, value in start_model(root).items():
-                identity.set_key(tree, key, value)
-        except Exception:  # e.g. an unreadable resume= checkpoint: train.run reports it in one line
-            tree = identity.plain(root)
-    return identity.run_name(tree)
+def _folder_names(root: DictConfig) -> tuple[str, str | None]:
+    """The run's name, as train.run names it (run_spec.resolve: the start checkpoint's model merged
+    into the config, so the keys that interpolate a model key follow it), and, for a run started
+    from a checkpoint, the name releases before 2026-11-25 gave its folder (the checkpoint's values
+    set on the resolved tree, so an interpolating key such as data.max_positions or
+    callbacks.drophead_schedule.p kept the config's value): a folder of that name still continues."""
+    if not identity.start_checkpoint(root):
+        return identity.run_name(root), None
+    try:
+        values = start_model(root)
+    except Exception:  # e.g. an unreadable resume= checkpoint: train.run reports it in one line
+        return identity.run_name(root), None
+    legacy = identity.plain(root)
+    for key, value in values.items():
+        identity.set_key(legacy, key, value)
+    merged = copy.deepcopy(root)
+    with open_dict(merged):
+        for key, value in values.items():  # as run_spec.apply_start_model
+            OmegaConf.update(merged, key, value, merge=False, force_add=True)
+    return identity.run_name(merged), identity.run_name(legacy)
+
+
+def _folder_name(root: DictConfig, parent) -> str:
+    name, legacy = _folder_names(root)
+    if parent is None:
+        return name
+    found = _existing_name(parent, name)
+    if found == name and legacy and legacy != name and (Path(parent) / legacy).is_dir() \
+            and not (Path(parent) / name).exists():
+        return legacy  # a run an earlier release started: it continues in its folder (run.json has its hash)
+    return found
 
 
 # run_folder (the folders, the checkpoint) imports torch: only when Hydra resolves a run's folder,
@@ -36,14 +61,12 @@ def _existing_name(parent, name: str) -> str:
 
 
 def _resolve_run_name(*, _root_: DictConfig) -> str:
-    name = _folder_name(_root_)
-    sweep_dir = OmegaConf.select(_root_, "hydra.sweep.dir", default=None)
-    return _existing_name(sweep_dir, name) if sweep_dir else name
+    return _folder_name(_root_, OmegaConf.select(_root_, "hydra.sweep.dir", default=None))
 
 
 def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
     given = _root_.get("run_dir")
-    return str(given) if given else f"{parent}/{_existing_name(parent, _folder_name(_root_))}"
+    return str(given) if given else f"{parent}/{_folder_name(_root_, parent)}"
 
 
 def register_resolvers() -> None:

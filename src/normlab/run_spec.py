@@ -92,7 +92,7 @@ def resolve(cfg: DictConfig) -> RunSpec:
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
                    max_time=cfg.trainer.get("max_time"), trainer_overrides=trainer_overrides(cfg.trainer, cfg.data.max_tokens,
                                                        cfg.optim.get("tokens_per_update")),
-                   config=plain(cfg), data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"),
+                   config=identity.plain(cfg), data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"),
                    loggers=cfg.get("logger"))
 
 
