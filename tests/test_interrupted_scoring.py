@@ -26,3 +26,29 @@ def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpu
     again = run(compose_cfg(over))  # the same command: continues (nothing left to train), then scores
     assert again["status"] == "completed" and isinstance(again["test_bleu"], float) and again["steps"] == 6
     assert json.loads((tmp_path / "run" / "results.json").read_text())["test_bleu"] == again["test_bleu"]
+
+
+def test_a_run_the_stall_guard_stopped_is_not_trained_further_by_its_rerun(small_corpus, tmp_path, monkeypatch):
+    """Stopped early as stalled, then Ctrl-C while scoring: the rerun continues from the checkpoint
+    written at the stop and scores it as the stalled run it is (was: it trained `window` more steps
+    until the guard found the stall again, and recorded the later step)."""
+    from test_stall import STALL
+
+    over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + STALL[:3] + [
+        "trainer.max_steps=60", "eval.valid_bleu=false", "eval.test_decoder.beam=2", "eval.test_decoder.max_len_b=5",
+        "eval.decoder.max_len_b=5", "callbacks.stall.stop_after=8", "callbacks.stall.margin=-0.5", "optim.lr=1e-12",
+        "optim.warmup=1", "callbacks.full_checkpoint.every_n_steps=7"]
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(train_mod, "final_scores", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            run(compose_cfg(over))
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert first["status"] == "interrupted" and first["steps"] == 20
+    again = run(compose_cfg(over))
+    assert again["status"] == "stalled" and again["steps"] == 20
+    assert (again["stall_detected_step"], again["stopped_at_step"]) == (12, 20)
+    assert again["test_bleu"] is not None and again["stall_reason"] == first["stall_reason"]

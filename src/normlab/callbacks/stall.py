@@ -98,6 +98,14 @@ class StallGuard(L.Callback):
         self.after_step = after_step
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
         self.counts: torch.Tensor | None = None
+        self.ended: dict | None = None  # the stall record once this guard ended the run (checkpointed)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # continued from the checkpoint written where this guard stopped the run (the leg was then
+        # interrupted, e.g. while scoring): the run is still stalled there, not trained further
+        if self.ended is not None and self.outcome.running:
+            self.outcome.end(Status.STALLED, **self.ended)
+            trainer.should_stop = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start_step = trainer.global_step
@@ -146,6 +154,7 @@ class StallGuard(L.Callback):
         return None
 
     def _mark(self, pl_module, stall: dict) -> None:
+        self.ended = stall
         self.outcome.end(Status.STALLED, **stall)
         stopped = f"; stopped at step {stall['stopped_at_step']}" if "stopped_at_step" in stall else ""
         pl_module.print(f"training stalled: {stall['stall_reason']}{stopped}")
@@ -159,9 +168,11 @@ class StallGuard(L.Callback):
 
     def state_dict(self) -> dict:
         return {"losses": [float(x) for x in self.losses],
-                "counts": None if self.counts is None else self.counts.cpu(), "detected": self.detected}
+                "counts": None if self.counts is None else self.counts.cpu(), "detected": self.detected,
+                "ended": self.ended}
 
     def load_state_dict(self, state: dict) -> None:
         self.losses.extend(torch.tensor(x) for x in state.get("losses", []))
         self.counts = state.get("counts")
         self.detected = state.get("detected")
+        self.ended = state.get("ended")
