@@ -9,6 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import normlab.resolvers  # noqa: F401  (the config's nl.* resolvers, as train.py registers them)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 

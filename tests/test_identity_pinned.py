@@ -100,3 +100,32 @@ def compose_job(cfg, run_dir):
     with open_dict(job):
         job.run_dir = str(run_dir)
     return job
+
+
+@pytest.mark.parametrize("max_steps, interval", [(2000, 500), (4000, 500), (600, 150), (200, 50), (30, 7), (3, 1),
+                                                 (-1, 500)])
+def test_validation_interval_follows_max_steps(max_steps, interval):
+    """At least 4 validations a run (a 600-step run validated once, a 200-step run never)."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"trainer.max_steps={max_steps}"])
+    assert cfg.trainer.val_check_interval == interval
+
+
+def test_runs_named_before_the_defaults_changed_are_found_with_the_old_values():
+    """A 600-step run started when the interval was 500 (and a preprocessed run when max_tokens
+    was 4096) keeps its name: the old values typed give the old identity hash."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        short_then = compose(config_name="config", overrides=["trainer.max_steps=600", "trainer.val_check_interval=500"])
+        short_now = compose(config_name="config", overrides=["trainer.max_steps=600"])
+        pre_then = compose(config_name="config", overrides=["data=preprocessed", "data.path=/d/wmt", "data.max_tokens=4096"])
+    # computed with the code before the defaults changed (8d210af)
+    assert identity.identity_hash(short_then) == "5290d4e3" != identity.identity_hash(short_now)
+    assert identity.identity_hash(pre_then) == "747074d5"
+
+
+def test_text_and_preprocessed_corpora_batch_alike_by_default():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        text = compose(config_name="config", overrides=[]).data
+        pre = compose(config_name="config", overrides=["data=preprocessed", "data.path=/d/x"]).data
+    for key in ("max_tokens", "eval_max_tokens", "max_positions", "seed", "num_workers"):
+        assert text[key] == pre[key], key

@@ -1,5 +1,6 @@
-"""The Hydra resolvers of conf/hydra: `nl.run_dir` / `nl.run_name` name a run's folder before it
-starts, from its identity (identity.py) with a start checkpoint's model merged in (resume= /
+"""The resolvers of the config. `nl.val_interval` sets trainer.val_check_interval from
+trainer.max_steps (conf/trainer/cpu.yaml). Those of conf/hydra: `nl.run_dir` / `nl.run_name` name a
+run's folder before it starts, from its identity (identity.py) with a start checkpoint's model merged in (resume= /
 finetune=: the run is named as the model it continues; run_folder.start_model reads the
 checkpoint); `nl.study` names a sweep's folder (identity.study_id). Registered on import (train.py
 imports this module; a submitit worker calls register_resolvers itself)."""
@@ -69,7 +70,21 @@ def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
     return str(given) if given else f"{parent}/{_folder_name(_root_, parent)}"
 
 
+VAL_INTERVAL = 500
+
+
+def val_interval(max_steps) -> int:
+    """Validate every 500 optimizer steps, or a quarter of a shorter run (at least 4 validations a
+    run: a 600-step run validated once at 500, a 200-step run never). A resolved value, so a run's
+    identity holds the interval it ran with: the CPU default (2,000 steps) and every study's runs
+    keep 500 and their names."""
+    steps = int(max_steps)
+    return VAL_INTERVAL if steps <= 0 else max(1, min(VAL_INTERVAL, steps // 4))
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("nl.val_interval"):
+        OmegaConf.register_new_resolver("nl.val_interval", val_interval)
     if not OmegaConf.has_resolver("nl.run_name"):
         OmegaConf.register_new_resolver("nl.run_name", _resolve_run_name)
         OmegaConf.register_new_resolver("nl.run_dir", _resolve_run_dir)
