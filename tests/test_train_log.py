@@ -60,7 +60,8 @@ def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, mo
                     "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5")
     captured = capsys.readouterr()
     out = captured.out + captured.err
-    for noise in ("GPU available: False", "TPU available: False", "weights_only", "Loaded model weights"):
+    for noise in ("GPU available: False", "TPU available: False", "weights_only", "Loaded model weights",
+                  "`Trainer.fit` stopped"):
         assert noise not in out and noise not in text, noise
     assert re.search(r"final test \(best-step4\.ckpt\)", out)
 

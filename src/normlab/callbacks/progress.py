@@ -45,6 +45,8 @@ NOISE_RECORDS = (
     ("lightning.pytorch.trainer.connectors.checkpoint_connector", "`weights_only` was not set"),
     # the seed is in the run's name, results.json and W&B; the line came before any error line too
     ("lightning.fabric.utilities.seed", "Seed set to"),
+    # the run's summary says "steps 200 of 200" (and a stop before the budget says why, in its own line)
+    ("lightning.pytorch.utilities.rank_zero", "`Trainer.fit` stopped: `max_steps="),
 )
 NOISE_WARNINGS = (
     # Lightning's own checkpoint reads; every checkpoint normlab loads itself is weights-only
