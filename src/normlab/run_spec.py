@@ -82,6 +82,7 @@ def resolve(cfg: DictConfig) -> RunSpec:
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else {}  # noqa: E731
     eval_cfg = plain(cfg.eval)
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
+    budget = trainer_overrides(cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
     return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
                    tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
                    choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
@@ -90,10 +91,8 @@ def resolve(cfg: DictConfig) -> RunSpec:
                    seed=int(cfg.seed), project=str(cfg.project), model=model_config_from_hydra(cfg),
                    optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
-                   max_time=cfg.trainer.get("max_time"), trainer_overrides=trainer_overrides(cfg.trainer, cfg.data.max_tokens,
-                                                       cfg.optim.get("tokens_per_update")),
-                   config=identity.plain(cfg), data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"),
-                   loggers=cfg.get("logger"))
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget, config=identity.plain(cfg),
+                   data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"), loggers=cfg.get("logger"))
 
 
 def apply_start_model(cfg: DictConfig) -> None:
