@@ -9,7 +9,7 @@ from torch import nn
 
 from normlab.config import ConfigError, ModelConfig, NormConfig
 from normlab.model.attention import MultiheadAttention
-from normlab.model.initialization import deepnorm_constants, subln_gains
+from normlab.model.schemes import deepnorm_constants, subln_gains
 from normlab.model.norms import DyT, RMSNorm, build_norm
 from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import FeedForward, Seq2SeqTransformer

@@ -62,10 +62,11 @@ def test_model_package_imports_nothing_upstream():
 def test_choice_lists_are_the_owners():
     from normlab import config, losses, lr_schedule
     from normlab.config import ConfigError, NormConfig
-    from normlab.model import initialization, norms, residual
+    from normlab.model import initialization, norms, schemes
     from normlab.regularizers import layerdrop
 
-    assert config.PLACEMENTS is residual.PLACEMENTS and config.INITS is initialization.INITS
+    assert config.PLACEMENTS is schemes.PLACEMENTS == tuple(schemes.SCHEMES)  # the registry owns them
+    assert config.INITS is initialization.INITS
     assert config.LAYERDROP_RATES is layerdrop.RATES and config.LR_SCHEDULES is lr_schedule.SCHEDULES
     assert config.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
     with pytest.raises(ConfigError, match=r"\(allowed: " + ", ".join(norms.NORMS) + r"\)"):
@@ -101,8 +102,31 @@ def test_identity_reads_nothing():
     calls = sorted({n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in ast.walk(tree)
                     if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))})
     assert not io & set(calls), io & set(calls)
+    # nor does it load the model: of normlab it imports only the schemes' torch-free label rule,
+    # which imports nothing and names registered schemes (issue 20)
+    labels = "normlab.model.scheme_labels"
     assert not {i for i in _imports(SRC / "normlab" / "identity.py", top_level_only=False)
-                if i.startswith(("normlab", "torch"))}
+                if i.startswith(("normlab", "torch")) and not i.startswith(labels)}
+    assert not _imports(_modules()[labels], top_level_only=False)
+    from normlab.model import scheme_labels, schemes
+
+    assert set(scheme_labels.NAMED_WITH_NORM) <= set(schemes.SCHEMES)
+
+
+def test_only_the_schemes_compare_placements():
+    """A residual scheme is one object (issue 20): no code outside model/schemes.py tests a
+    placement by its name (==, !=, in, not in); it asks the scheme (schemes.get_scheme)."""
+    from normlab.model.schemes import SCHEMES
+
+    found = []
+    for name, path in sorted(_modules().items()):
+        if name == "normlab.model.schemes":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                consts = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+                found += [f"{name}:{node.lineno} {p!r}" for p in sorted(consts & set(SCHEMES))]
+    assert not found, found
 
 
 # The raw Hydra config is read where a run is resolved (issue 18): the commands, the study runner

@@ -5,7 +5,7 @@ The model package is built from `ModelConfig` alone, so a checkpoint stores
 Validation errors name the Hydra key (`model.d_model`, `norm.type`, ...) and the
 allowed values, so a bad override fails before any data is read. Each list of allowed values is
 imported from the module that owns the choice (the norms from model/norms.py, placements from
-model/residual.py, ...), never repeated here.
+model/schemes.py, ...), never repeated here; so are the combinations a residual scheme refuses.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
 from normlab.model.norms import NORMS
-from normlab.model.residual import PLACEMENTS
+from normlab.model.schemes import PLACEMENTS, get_scheme
 from normlab.regularizers.layerdrop import RATES as LAYERDROP_RATES
 
 
@@ -43,6 +43,12 @@ def _value(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool 
     _check(_is_num(value, integer) and ok(value), key, f"{value!r} is not valid", allowed)
 
 
+def _refuse(refusal: tuple[str, str] | None) -> None:
+    # A residual scheme's refusal of a combination (model/schemes.py): (key, what).
+    if refusal is not None:
+        raise ConfigError(*refusal)
+
+
 def _choice(key: str, value: Any, allowed: tuple) -> None:
     _check(value in allowed, key, f"{value!r} is not valid", allowed)
 
@@ -62,7 +68,7 @@ def _bool(key: str, value: Any) -> None:
 @dataclass
 class NormConfig:
     type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | none
-    placement: str = "post"  # model/residual.py: post | pre | deepnorm | subln | sandwich | rezero | resi_dual
+    placement: str = "post"  # model/schemes.py: post | pre | deepnorm | subln | sandwich | rezero | resi_dual
     fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
     eps: float = 1e-5
     scale_init: float | None = None  # ScaleNorm g init; None -> sqrt(d) as in the paper
@@ -71,9 +77,7 @@ class NormConfig:
     def validate(self) -> None:
         _choice("norm.type", self.type, tuple(NORMS))
         _choice("norm.placement", self.placement, PLACEMENTS)
-        _check((self.type == "none") == (self.placement == "rezero"), "norm.type",
-               f"{self.type} with norm.placement={self.placement}: ReZero (Bachlechner et al. 2020) is the only "
-               "placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+        _refuse(get_scheme(self.placement).norm_refusal(self))
         _value("norm.dyt_alpha_init", self.dyt_alpha_init, "a number > 0", lambda v: v > 0)
         _bool("norm.fixnorm", self.fixnorm)
         _value("norm.eps", self.eps, "a number > 0", lambda v: v > 0)
@@ -155,9 +159,8 @@ class ModelConfig:
         _check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
                f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
         _choice("init.name", self.init, INITS)
-        _check(self.init != "admin" or self.norm.placement == "post", "init",
-               f"admin with norm.placement={self.norm.placement}: Admin is defined for post-norm models "
-               "(Liu et al. 2020); set norm.placement=post")
+        _choice("norm.placement", self.norm.placement, PLACEMENTS)
+        _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
         self.norm.validate()
@@ -169,8 +172,6 @@ class ModelConfig:
         key = "model.layer_aggregation"
         _check(self.init != "admin", key, "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
                                           "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
-        _check(self.norm.placement != "resi_dual", key, "dlcl with norm.placement=resi_dual: ResiDual's dual "
-                                                        "stream is its own cross-layer connection; choose one")
         for stack in ("encoder", "decoder"):
             p = getattr(self.regularizer, f"{stack}_layerdrop")
             _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"), f"regularizer.{stack}_layerdrop",

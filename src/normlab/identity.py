@@ -27,6 +27,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from normlab.model.scheme_labels import NAMED_WITH_NORM  # torch-free: the label rule of the schemes
+
 # Keys that do not change what a run learns or how it is scored. Everything else is identity
 # (model, norm, regularizer, init, optim, data, seed, budget, precision, devices x accumulation,
 # evaluation), so a key added later is identity unless it is listed here.
@@ -126,7 +128,7 @@ def norm_label(norm: Any) -> str:
     names of conf/arm/): placement and type; a scheme's own placement name stands alone with
     LayerNorm (or no norm, ReZero's)."""
     placement, t = norm.get("placement", "post"), norm.get("type", "layernorm")
-    plain = placement not in ("pre", "post") and t in ("layernorm", "none")
+    plain = placement not in NAMED_WITH_NORM and t in ("layernorm", "none")
     return (placement if plain else f"{placement}_{NORM_SHORT.get(t, t)}") + ("_fixnorm" if norm.get("fixnorm") else "")
 
 

@@ -13,12 +13,13 @@ The input of layer l+1 (l = 0..L-1) and the stack output (l = L) are
   pre-norm-like placements:  Σ_{k≤l} W[l,k]·LN_k(y_k)       LN_0 = identity (normalize_embed off),
                              then the stack's final norm on the output;
   post-norm-like placements: LN_l(Σ_{k≤l} W[l,k]·y_k)        LN_0 = identity,
-with one norm LN_k (norm.type) per layer. "Pre-like" are the placements whose stack ends in a final
-norm (pre, subln, sandwich); the others (post, deepnorm, rezero with the identity norm) use the
-post form, as the authors' `normalize_before` switch does. ResiDual carries its own second stream
-and does not combine with DLCL (config.py refuses it), nor does LayerDrop: a dropped layer's slot in
-the weighted history is not defined by either paper. Pruning a DLCL stack removes the layer from
-the history: `subset(keep)` keeps W's rows and columns (and norms) of the kept layers.
+with one norm LN_k (norm.type) per layer. "Pre-like" are the schemes whose stack ends in a final
+norm (Scheme.pre_like in schemes.py: pre, subln, sandwich); the others (post, deepnorm, rezero with
+the identity norm) use the post form, as the authors' `normalize_before` switch does. ResiDual
+carries its own second stream and does not combine with DLCL (its scheme refuses it), nor does
+LayerDrop: a dropped layer's slot in the weighted history is not defined by either paper. Pruning a
+DLCL stack removes the layer from the history: `subset(keep)` keeps W's rows and columns (and
+norms) of the kept layers.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from normlab.model.norms import build_norm
-from normlab.model.residual import FINAL_NORM
+from normlab.model.schemes import get_scheme
 
 AGGREGATIONS = ("none", "dlcl")
 AGGREGATION_STACKS = ("encoder", "decoder", "both")
@@ -81,5 +82,5 @@ class DLCL(nn.Module):
 def build_aggregation(cfg, stack: str, n_layers: int, d: int) -> nn.Module:
     # cfg: a ModelConfig; stack: "encoder" or "decoder".
     if cfg.layer_aggregation == "dlcl" and cfg.layer_aggregation_stacks in (stack, "both"):
-        return DLCL(n_layers, d, cfg.norm, pre=cfg.norm.placement in FINAL_NORM)
+        return DLCL(n_layers, d, cfg.norm, pre=get_scheme(cfg.norm.placement).pre_like)
     return LayerChain()

@@ -13,10 +13,10 @@ dependent ω (normlab.init.admin) works on a built model and imports the model, 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
+
+from normlab.model.schemes import get_scheme
 
 # ModelConfig.init: xavier, or admin (Liu et al. 2020: every post-norm residual gets a trainable ω,
 # set before step 1 by normlab.callbacks.admin_init from normlab.init.admin's profiling).
@@ -38,26 +38,9 @@ def xavier_init_(model: nn.Module) -> nn.Module:
 
 
 # ---- the residual schemes' own initialisation ---------------------------------------------
-# N encoder layers, M decoder layers. Both schemes scale Xavier-initialised weights of the value
-# and output projections of attention and of both FFN layers (never q, k): torchscale
-# (microsoft/torchscale, architecture/encoder.py and decoder.py) multiplies or divides the weights
-# (and biases, zero here) of `fc1`, `fc2`, `out_proj`, `v_proj` after the default init. The papers'
-# pseudo-code uses xavier_normal_(gain); ours is xavier_uniform_ × gain, the same variance.
-
-def deepnorm_constants(n_enc: int, n_dec: int) -> dict[str, tuple[float, float]]:
-    """{stack: (α, β)} of DeepNet (Wang et al. 2022, encoder-decoder): encoder α = 0.81·(N⁴M)^(1/16),
-    β = 0.87·(N⁴M)^(−1/16); decoder α = (3M)^(1/4), β = (12M)^(−1/4). torchscale divides by
-    (N⁴M)^(1/16)/1.15 for the encoder β: 1/1.15 = 0.8696, 0.04% from the paper's 0.87, which we use."""
-    nm = (n_enc ** 4 * n_dec) ** (1 / 16)
-    return {"encoder": (0.81 * nm, 0.87 / nm), "decoder": ((3 * n_dec) ** 0.25, (12 * n_dec) ** -0.25)}
-
-
-def subln_gains(n_enc: int, n_dec: int) -> dict[str, float]:
-    """{stack: γ} of Sub-LN (Wang et al. 2022, Magneto, encoder-decoder): encoder
-    γ = √(log(3M)·log(2N)/3), decoder γ = √(log 3M)."""
-    return {"encoder": math.sqrt(math.log(3 * n_dec) * math.log(2 * n_enc) / 3),
-            "decoder": math.sqrt(math.log(3 * n_dec))}
-
+# DeepNorm's β and Sub-LN's γ (schemes.py: Scheme.branch_gains, with the papers' constants) scale
+# Xavier-initialised weights of the value and output projections of attention and of both FFN
+# layers (never q, k), as torchscale does after its default init.
 
 @torch.no_grad()
 def scale_branches_(stack: nn.Module, gain: float, cross: bool) -> None:
@@ -77,15 +60,12 @@ def scale_branches_(stack: nn.Module, gain: float, cross: bool) -> None:
 
 
 def init_model_(model: nn.Module) -> nn.Module:
-    """The model's initialisation: Xavier (above), then the placement's own scaling."""
+    """The model's initialisation: Xavier (above), then the scheme's own scaling."""
     xavier_init_(model)
     cfg = model.cfg
-    if cfg.norm.placement == "deepnorm":
-        constants = deepnorm_constants(cfg.encoder_layers, cfg.decoder_layers)
-        for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
-            scale_branches_(stack, constants[key][1], cross=True)
-    elif cfg.norm.placement == "subln":
-        gains = subln_gains(cfg.encoder_layers, cfg.decoder_layers)
-        for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
-            scale_branches_(stack, gains[key], cross=False)
+    scheme = get_scheme(cfg.norm.placement)
+    gains = scheme.branch_gains(cfg.encoder_layers, cfg.decoder_layers)
+    for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        if key in gains:
+            scale_branches_(stack, gains[key], cross=scheme.scale_cross)
     return model

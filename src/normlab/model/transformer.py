@@ -1,10 +1,10 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) built from a ModelConfig alone.
 
-Norm type and placement are injected through ResidualBlock (residual.py); layers sit in an
-`nn.ModuleList` called `layers`, run by the stack's `aggregation` (aggregation.py: one after the
-other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al. 2019) can swap in a ModuleList
-whose iterator skips layers without touching the loops. A stack is: embed -> stream_in (identity,
-or ResiDual's second stream) -> layers -> final_norm (placement-dependent, residual.py).
+Norm type and placement are injected through ResidualBlock (residual.py) and its scheme
+(schemes.py); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
+(aggregation.py: one after the other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al.
+2019) can swap in a ModuleList whose iterator skips layers without touching the loops. A stack is:
+embed -> stream_in (identity, or ResiDual's second stream) -> layers -> final_norm (the scheme's).
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
 from normlab.model.aggregation import build_aggregation
-from normlab.model.initialization import deepnorm_constants, init_model_
+from normlab.model.initialization import init_model_
 from normlab.model.norms import ScaleNorm, build_norm
-from normlab.model.residual import ResidualBlock, final_norm, stream_input
+from normlab.model.residual import ResidualBlock
+from normlab.model.schemes import get_scheme
 from normlab.regularizers.drophead import DropHead
 from normlab.regularizers.layerdrop import layer_list
 
@@ -47,33 +48,29 @@ class FeedForward(nn.Module):
 
 
 def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str) -> ResidualBlock:
-    # Admin (Liu et al. 2020) adds a trainable ω to every residual branch; DeepNorm scales the skip
-    # by its α; sandwich has a second norm on the branch output.
-    n = cfg.norm
-    alpha = deepnorm_constants(cfg.encoder_layers, cfg.decoder_layers)[stack][0] if n.placement == "deepnorm" else 1.0
-    return ResidualBlock(sublayer, build_norm(n, d), d, n.placement, cfg.dropout, omega=cfg.init == "admin",
-                         alpha=alpha, norm_out=build_norm(n, d) if n.placement == "sandwich" else None)
+    # Admin (Liu et al. 2020) adds a trainable ω to every residual branch; the scheme adds what it
+    # needs (DeepNorm its α, Sandwich a second norm on the branch output).
+    scheme = get_scheme(cfg.norm.placement)
+    return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, scheme.name, cfg.dropout, omega=cfg.init == "admin",
+                         **scheme.block_options(cfg, d, stack))
 
 
-def _inner_norm(cfg: ModelConfig, d: int) -> nn.Module | None:
-    # Sub-LN (Wang et al. 2022): a norm inside the sub-layer, before its last linear map.
-    return build_norm(cfg.norm, d) if cfg.norm.placement == "subln" else None
+def _inner_norm(cfg: ModelConfig, d: int, kind: str) -> nn.Module | None:
+    # A norm inside the sub-layer, before its last linear map (Sub-LN, Wang et al. 2022), if any.
+    return get_scheme(cfg.norm.placement).inner_norm(cfg.norm, d, kind)
 
 
 def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int | None = None) -> MultiheadAttention:
     # Scheduled DropHead (Zhou et al. 2020) on the attention kinds switched on; its rate is set
     # every step by the schedule callback. p = 0: no module at all (nn.Identity).
-    # Sub-LN's inner norm only in self-attention: torchscale's MultiheadAttention builds
-    # inner_attn_ln `if subln and self.self_attention`, so cross-attention has none.
     reg = cfg.regularizer
     drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
-    inner = _inner_norm(cfg, d) if kind != "cross" else None
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
-                              drophead=drophead, inner_norm=inner)
+                              drophead=drophead, inner_norm=_inner_norm(cfg, d, kind))
 
 
 def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
-    return FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn))
+    return FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn, "ffn"))
 
 
 class EncoderLayer(nn.Module):
@@ -121,13 +118,13 @@ class Encoder(_Stack):
         d = cfg.d_model
         self.pad_id = cfg.pad_id
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.stream_in = stream_input(cfg.norm.placement)
+        self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
         self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
                                   for _ in range(cfg.encoder_layers)), reg.encoder_layerdrop,
                                  reg.layerdrop_rates, salt=1)
         self.aggregation = build_aggregation(cfg, "encoder", cfg.encoder_layers, d)
-        self.final_norm = final_norm(cfg.norm, d)
+        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)
 
     def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
@@ -141,13 +138,13 @@ class Decoder(_Stack):
         super().__init__()
         d = cfg.decoder_d_model
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.stream_in = stream_input(cfg.norm.placement)
+        self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer
         self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
                                   for _ in range(cfg.decoder_layers)), reg.decoder_layerdrop,
                                  reg.layerdrop_rates, salt=2)
         self.aggregation = build_aggregation(cfg, "decoder", cfg.decoder_layers, d)
-        self.final_norm = final_norm(cfg.norm, d)
+        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)
 
     def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 cache: IncrementalCache | None = None) -> torch.Tensor:
