@@ -44,3 +44,22 @@ def test_no_pace_with_fewer_than_two_arms_that_have_curves(tmp_path):
     _curve(out, "a", 1, [5.0, 4.0])
     record(out, "b1", 1)  # no metrics.csv
     assert pace_lines(study, load_records(out)) == []
+
+
+def test_a_trains_claim_shows_how_far_its_arm_got(tmp_path):
+    """"Trains" means no divergence and no stall; a run can complete far below its peers (DeepNorm at
+    12+12: test BLEU 1.36 where pre-LN reached 14.64), so the cell shows its mean beside its status,
+    in the study's README and in the index of every claim."""
+    import json
+
+    from normlab.study.readme import outcome_text, update_index
+
+    assert outcome_text({"completed": 2}, 1.364, "test_bleu") == "completed 2 (test_bleu 1.36)"
+    assert outcome_text({"stalled": 1}, None, "test_bleu") == "stalled 1"
+    (tmp_path / "s").mkdir()
+    claim = {"id": "c", "claim": "X trains", "source": "s", "paper": "p", "kind": "trains", "metric": "test_bleu",
+             "verdict": "held", "better": "x", "than": None, "means": {"x": 1.36}, "statuses": {"x": {"completed": 1}},
+             "difference": None}
+    (tmp_path / "s" / "claims.json").write_text(json.dumps({"study": "s", "budget": "full", "claims": [claim]}))
+    update_index(tmp_path / "README.md")
+    assert "| x: completed 1 (test_bleu 1.36) | **held** |" in (tmp_path / "README.md").read_text()

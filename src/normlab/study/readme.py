@@ -55,7 +55,7 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
 def verdict_cell(v: Verdict) -> str:
     iv = v.interval
     if v.claim.kind in ("fails", "trains"):
-        return ", ".join(f"{k} {n}" for k, n in v.statuses.get(v.better, {}).items()) or "no runs"
+        return outcome_text(v.statuses.get(v.better, {}), v.means.get(v.better), v.claim.metric) or "no runs"
     if iv is None:
         return status_text(v.statuses)
     ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv.low is not None else "[no interval]"
@@ -190,6 +190,13 @@ def _plots(study: Study, by_arm: dict[str, list[Record]], out: Path) -> list[tup
     return made
 
 
+def outcome_text(statuses: dict, mean, metric: str) -> str:
+    """`completed 2 (test_bleu 1.36)`: a run that "trains" may still end far below its peers; the
+    mean over the scored seeds shows how far (the Pace section says where it ended)."""
+    text = ", ".join(f"{k} {n}" for k, n in statuses.items())
+    return f"{text} ({metric} {mean:.2f})" if text and isinstance(mean, (int, float)) else text
+
+
 def status_text(statuses: dict) -> str:
     return "; ".join(f"{arm}: {', '.join(f'{k} {n}' for k, n in st.items()) or 'not run'}"
                      for arm, st in statuses.items())
@@ -207,6 +214,9 @@ def update_index(index: Path) -> None:
             d = c.get("difference")
             if d and d.get("low") is not None:
                 ours = f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]})"
+            elif c.get("kind") in ("fails", "trains"):
+                ours = f"{c['better']}: " + (outcome_text((c.get("statuses") or {}).get(c["better"], {}),
+                                                          (c.get("means") or {}).get(c["better"]), c["metric"]) or "not run")
             else:
                 ours = status_text(c.get("statuses") or {})
             who = f"{c['better']} vs {c['than']}" if c.get("than") else c["better"]
