@@ -1,0 +1,31 @@
+"""The residual schemes: one class per norm.placement, the ONLY code that knows the placements.
+
+N is the norm (any norm type), F the sub-layer, drop the residual dropout (Vaswani et al. 5.4).
+post      (Vaswani et al. 2017)       x = N(x·ω + drop(F(x)))      ω only with Admin, else 1
+deepnorm  (Wang et al. 2022, DeepNet) x = N(α·x + drop(F(x)))      α per stack, a constant
+pre       (Wang et al. 2019)          x = x + drop(F(N(x)))        + a final N per stack
+subln     (Wang et al. 2022, Magneto) x = x + drop(F(N(x)))        + a final N; F has inner norms
+sandwich  (Ding et al. 2021 CogView;  x = x + N_out(drop(F(N(x)))) + a final N
+           Peri-LN, Kim et al. 2025)
+rezero    (Bachlechner et al. 2020)   x = x + a·drop(F(x))         a a learned scalar, 0 at init;
+                                                                    no norm (norm.type=none)
+resi_dual (Xie et al. 2023)           (x, d) -> (N(x + f), d + f), f = drop(F(x)): a post-norm
+                                      stream x and a dual stream d; the stack starts with d = x
+                                      (its input) and outputs x + N_final(d).
+
+A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
+the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
+itself to its scheme's forward; the model asks the scheme how the stream enters and leaves a stack,
+what norm ends it, which sub-layers get inner norms, how to scale the initial weights; DLCL asks
+whether it is pre-like; config.py asks which combinations it refuses. Adding a scheme is one
+subclass of base.Scheme (registered by its `name`) in a module of this package imported below (in
+the order of the choice list), its conf/norm file and its tests.
+"""
+from normlab.model.schemes.base import SCHEMES, Scheme, get_scheme
+from normlab.model.schemes.classic import (DeepNorm, DualStreamInput, DualStreamOutput, Post, Pre, ReZero,
+                                           ResiDual, Sandwich, SubLN, deepnorm_constants, subln_gains)
+
+PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices, in the order the modules register
+
+__all__ = ["PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
+           "ResiDual", "DualStreamInput", "DualStreamOutput", "deepnorm_constants", "subln_gains"]
