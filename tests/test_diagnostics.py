@@ -84,7 +84,8 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "sandwich": {"norm": {"placement": "sandwich", "type": "scalenorm"}},
         "rezero": {"norm": {"placement": "rezero", "type": "none"}},
         "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
-        "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"}}
+        "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"},
+        "b2t": {"norm": {"placement": "b2t"}}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

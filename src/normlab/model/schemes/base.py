@@ -19,6 +19,7 @@ class Scheme:
     norm_free = False  # ReZero: the one scheme with norm.type=none (and the only one that takes it)
     admin = False  # Admin's ω on the skip (Liu et al. 2020) is defined for post-norm only
     scale_cross = False  # whether the initial branch scaling includes cross-attention
+    no_dlcl = ""  # why the scheme refuses DLCL (model.layer_aggregation=dlcl); "" = it takes it
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -93,6 +94,8 @@ class Scheme:
         if cfg.init == "admin" and not self.admin:
             return ("init", f"admin with norm.placement={self.name}: Admin is defined for post-norm models "
                     "(Liu et al. 2020); set norm.placement=post")
+        if self.no_dlcl and cfg.layer_aggregation == "dlcl":
+            return ("model.layer_aggregation", f"dlcl with norm.placement={self.name}: {self.no_dlcl}")
         return None
 
 

@@ -142,6 +142,7 @@ class ResiDual(Scheme):
     value; the authors' code (microsoft/ResiDual) passes a tuple (x, res), starts res = x·1.0 and
     ends with x·1.0 + LN(res) (their LayerNorm eps 1e-7; here norm.eps)."""
     name, paper = "resi_dual", "Xie et al. 2023"
+    no_dlcl = "ResiDual's dual stream is its own cross-layer connection; choose one"
 
     def forward(self, block, x, *args, **kwargs):
         x, dual = x.unbind(0)  # (B, T, D) each
@@ -156,8 +157,3 @@ class ResiDual(Scheme):
 
     def final_norm(self, norm_cfg, d):
         return DualStreamOutput(build_norm(norm_cfg, d))
-
-    def model_refusal(self, cfg):
-        dlcl = ("model.layer_aggregation", "dlcl with norm.placement=resi_dual: ResiDual's dual stream is its "
-                "own cross-layer connection; choose one")
-        return super().model_refusal(cfg) or (dlcl if cfg.layer_aggregation == "dlcl" else None)
