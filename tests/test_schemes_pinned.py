@@ -196,6 +196,7 @@ def test_run_name_labels_are_unchanged():
 NEW_LABELS = {
     ("b2t", "layernorm", False): "b2t", ("b2t", "rmsnorm", False): "b2t_rmsnorm",
     ("b2t", "scalenorm", True): "b2t_scalenorm_fixnorm",
+    ("reordered", "layernorm", False): "reordered", ("reordered", "dyt", False): "reordered_dyt",
 }
 
 

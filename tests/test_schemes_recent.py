@@ -16,7 +16,7 @@ from normlab.regularizers.pruning import prune
 from test_arms import batch, norm, randomise_, tiny
 
 D = 8
-NEW = {"b2t": {}}  # placement -> extra norm settings of the model-level tests
+NEW = {"b2t": {}, "reordered": {}}  # placement -> extra norm settings of the model-level tests
 
 
 def block(placement: str, f: nn.Module, n: nn.Module, **state) -> ResidualBlock:
@@ -68,9 +68,20 @@ def test_b2t_encoder_and_decoder_layers_are_the_papers_formula():
     torch.testing.assert_close(dec(y, memory, pad), ffn.norm(h + ffn.sublayer(h) + y))
 
 
+# ---- reordered norm (OLMo 2 2024; Swin v2) -------------------------------------------------------
+def test_reordered_block_normalises_the_branch_output_and_the_stack_ends_in_a_norm():
+    f, n, x = linear(1), norm(2), fixed(3, 2, 3, D)
+    b = block("reordered", f, n)
+    torch.testing.assert_close(b(x), x + n(f(x)))
+    torch.testing.assert_close(b(x, layer_input=fixed(4, 2, 3, D)), x + n(f(x)))  # no B2T skip
+    m = Seq2SeqTransformer(model_cfg("reordered"))
+    assert isinstance(m.encoder.final_norm, nn.LayerNorm) and isinstance(m.decoder.final_norm, nn.LayerNorm)
+
+
 # ---- every new scheme ---------------------------------------------------------------------------
 REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
-           ("b2t", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=b2t")]
+           ("b2t", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=b2t"),
+           ("reordered", dict(init="admin"), "init: admin with norm.placement=reordered")]
 
 
 @pytest.mark.parametrize("placement, kw, message", REFUSED)

@@ -3,6 +3,7 @@ docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order 
 norm.placement choice order, after the classic ones."""
 from __future__ import annotations
 
+from normlab.model.schemes.base import Scheme
 from normlab.model.schemes.classic import Post
 
 
@@ -26,3 +27,16 @@ class B2T(Post):
     def last_forward(self, block, x, layer_input, *args, **kwargs):
         out = block.sublayer(x, *args, **kwargs)
         return block.norm(block.dropout.add(x, out) + layer_input)
+
+
+class Reordered(Scheme):
+    """x = x + drop(N(F(x))), and a final N per stack: the norm moves from the sub-layer's input to
+    its output, inside the residual branch (OLMo 2, OLMo et al. 2024; Swin Transformer v2's
+    res-post-norm, Liu et al. 2022). As OLMo-core's ReorderedNormTransformerBlock:
+    h = x + dropout(attention_norm(attention(x))). The stream itself is never normalised, so each
+    stack ends with a final N, as OLMo 2 keeps its final norm before the output layer (OLMo-core's
+    LM head norm); DLCL takes it in its pre-norm form (pre_like)."""
+    name, paper, pre_like = "reordered", "OLMo et al. 2024, OLMo 2; Liu et al. 2022, Swin v2", True
+
+    def forward(self, block, x, *args, **kwargs):
+        return block.dropout.add(x, block.norm(block.sublayer(x, *args, **kwargs)))
