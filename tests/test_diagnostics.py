@@ -85,7 +85,8 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "rezero": {"norm": {"placement": "rezero", "type": "none"}},
         "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
         "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"},
-        "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}}}
+        "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
+        "pre_scaled": {"norm": {"placement": "pre_scaled"}}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

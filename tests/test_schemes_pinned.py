@@ -197,6 +197,7 @@ NEW_LABELS = {
     ("b2t", "layernorm", False): "b2t", ("b2t", "rmsnorm", False): "b2t_rmsnorm",
     ("b2t", "scalenorm", True): "b2t_scalenorm_fixnorm",
     ("reordered", "layernorm", False): "reordered", ("reordered", "dyt", False): "reordered_dyt",
+    ("pre_scaled", "layernorm", False): "pre_scaled", ("pre_scaled", "rmsnorm", False): "pre_scaled_rmsnorm",
 }
 
 

@@ -16,7 +16,7 @@ from normlab.regularizers.pruning import prune
 from test_arms import batch, norm, randomise_, tiny
 
 D = 8
-NEW = {"b2t": {}, "reordered": {}}  # placement -> extra norm settings of the model-level tests
+NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}}  # placement -> extra norm settings of the model-level tests
 
 
 def block(placement: str, f: nn.Module, n: nn.Module, **state) -> ResidualBlock:
@@ -78,10 +78,27 @@ def test_reordered_block_normalises_the_branch_output_and_the_stack_ends_in_a_no
     assert isinstance(m.encoder.final_norm, nn.LayerNorm) and isinstance(m.decoder.final_norm, nn.LayerNorm)
 
 
+# ---- LayerNorm Scaling (Sun et al. 2025) ----------------------------------------------------------
+def test_pre_scaled_block_multiplies_the_norm_output_by_its_scale():
+    f, n, x = linear(1), norm(2), fixed(3, 2, 3, D)
+    torch.testing.assert_close(block("pre_scaled", f, n, ln_scale=0.25)(x), x + f(n(x) * 0.25))
+    assert block("pre_scaled", f, n).ln_scale == 1.0  # a block alone: layer 1
+
+
+def test_pre_scaled_layer_l_of_each_stack_scales_by_one_over_root_l():
+    m = Seq2SeqTransformer(model_cfg("pre_scaled", encoder_layers=4, decoder_layers=2))
+    for stack in (m.encoder, m.decoder):
+        for i, layer in enumerate(stack.layers):
+            assert {round(b.ln_scale.item(), 6) for b in residuals(layer)} == {round(1 / (i + 1) ** 0.5, 6)}
+    assert "encoder.layers.3.ffn.ln_scale" in m.state_dict()  # persistent: kept by checkpoints and pruning
+    assert type(m.encoder.final_norm) is nn.LayerNorm
+
+
 # ---- every new scheme ---------------------------------------------------------------------------
 REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
            ("b2t", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=b2t"),
-           ("reordered", dict(init="admin"), "init: admin with norm.placement=reordered")]
+           ("reordered", dict(init="admin"), "init: admin with norm.placement=reordered"),
+           ("pre_scaled", dict(init="admin"), "init: admin with norm.placement=pre_scaled")]
 
 
 @pytest.mark.parametrize("placement, kw, message", REFUSED)

@@ -15,6 +15,8 @@ resi_dual (Xie et al. 2023)           (x, d) -> (N(x + f), d + f), f = drop(F(x)
 b2t       (Takase et al. 2023)        x = N(x + drop(F(x))), but a layer's last block adds the layer's
                                       input: N(h + drop(F(h)) + x_layer); no final N
 reordered (OLMo 2 2024; Swin v2 2022)  x = x + drop(N(F(x)))        + a final N per stack
+pre_scaled (Sun et al. 2025, The      x = x + drop(F(N(x)/√ℓ))    in layer ℓ (1-based, per stack),
+            Curse of Depth)                                         + a final N (unscaled)
 
 A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
 the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
@@ -27,10 +29,10 @@ the order of the choice list), its conf/norm file and its tests.
 from normlab.model.schemes.base import SCHEMES, Scheme, get_scheme
 from normlab.model.schemes.classic import (DeepNorm, DualStreamInput, DualStreamOutput, Post, Pre, ReZero,
                                            ResiDual, Sandwich, SubLN, deepnorm_constants, subln_gains)
-from normlab.model.schemes.recent import B2T, Reordered
+from normlab.model.schemes.recent import B2T, PreScaled, Reordered
 
 PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices, in the order the modules register
 
 __all__ = ["PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
            "ResiDual", "DualStreamInput", "DualStreamOutput", "deepnorm_constants", "subln_gains", "B2T",
-           "Reordered"]
+           "Reordered", "PreScaled"]

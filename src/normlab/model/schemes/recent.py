@@ -3,8 +3,12 @@ docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order 
 norm.placement choice order, after the classic ones."""
 from __future__ import annotations
 
+import math
+
+import torch
+
 from normlab.model.schemes.base import Scheme
-from normlab.model.schemes.classic import Post
+from normlab.model.schemes.classic import Post, Pre
 
 
 class B2T(Post):
@@ -40,3 +44,24 @@ class Reordered(Scheme):
 
     def forward(self, block, x, *args, **kwargs):
         return block.dropout.add(x, block.norm(block.sublayer(x, *args, **kwargs)))
+
+
+class PreScaled(Pre):
+    """x = x + drop(F(N(x)/√ℓ)) in layer ℓ (1-based, counted within its stack: encoder and decoder
+    layers are separate depths), and a final N per stack, unscaled: pre-norm with LayerNorm Scaling
+    (Sun et al. 2025, The Curse of Depth; OLMo-core's LayerNormScaledTransformerBlock, whose
+    1/sqrt(block_idx + 1) multiplies every in-layer norm's output, not the model's final norm).
+    Named `pre_scaled`, not after the paper: it is pre-norm with a scaled norm, and any norm type
+    takes the scale (pre_scaled_rmsnorm). 1/√ℓ is a persistent buffer on each block (`ln_scale`),
+    as OLMo-core's: a pruned model keeps the scale each layer trained with."""
+    name, paper = "pre_scaled", "Sun et al. 2025, The Curse of Depth"
+
+    def block_options(self, cfg, d, stack, layer):
+        return {"ln_scale": 1.0 / math.sqrt(layer + 1)}
+
+    def add_state(self, block, alpha, ln_scale=1.0, **state):
+        block.register_buffer("ln_scale", torch.tensor(float(ln_scale)))
+
+    def forward(self, block, x, *args, **kwargs):
+        out = block.sublayer(block.norm(x) * block.ln_scale, *args, **kwargs)
+        return block.dropout.add(x, out)
