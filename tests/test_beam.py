@@ -75,6 +75,7 @@ VARIANTS = {
     "pre-dyt": dict(norm={"placement": "pre", "type": "dyt"}),
     "reordered-rmsnorm": dict(norm={"placement": "reordered", "type": "rmsnorm"}),
     "pre_scaled-dlcl": dict(norm={"placement": "pre_scaled"}, layer_aggregation="dlcl"),
+    "mix-layerdrop": dict(norm={"placement": "mix", "mix_ratio": 0.5}, regularizer={"decoder_layerdrop": 0.3}),
     "b2t-layerdrop": dict(norm={"placement": "b2t"}, regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "dlcl-pre": dict(norm={"placement": "pre"}, layer_aggregation="dlcl"),
     "dlcl-post-decoder": dict(layer_aggregation="dlcl", layer_aggregation_stacks="decoder"),

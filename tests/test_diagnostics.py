@@ -86,7 +86,7 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
         "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"},
         "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
-        "pre_scaled": {"norm": {"placement": "pre_scaled"}}}
+        "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -198,6 +198,7 @@ NEW_LABELS = {
     ("b2t", "scalenorm", True): "b2t_scalenorm_fixnorm",
     ("reordered", "layernorm", False): "reordered", ("reordered", "dyt", False): "reordered_dyt",
     ("pre_scaled", "layernorm", False): "pre_scaled", ("pre_scaled", "rmsnorm", False): "pre_scaled_rmsnorm",
+    ("mix", "layernorm", False): "mix", ("mix", "rmsnorm", False): "mix_rmsnorm",
 }
 
 

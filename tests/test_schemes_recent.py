@@ -16,7 +16,7 @@ from normlab.regularizers.pruning import prune
 from test_arms import batch, norm, randomise_, tiny
 
 D = 8
-NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}}  # placement -> extra norm settings of the model-level tests
+NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}, "mix": {}}  # placement -> extra norm settings of the model-level tests
 
 
 def block(placement: str, f: nn.Module, n: nn.Module, **state) -> ResidualBlock:
@@ -40,7 +40,7 @@ def residuals(layer: nn.Module) -> list[ResidualBlock]:
 
 
 def model_cfg(placement: str, **kw) -> ModelConfig:
-    return tiny(norm={"placement": placement, **NEW[placement], **kw.pop("norm", {})}, **kw)
+    return tiny(norm={"placement": placement, **NEW.get(placement, {}), **kw.pop("norm", {})}, **kw)
 
 
 # ---- B2T (Takase et al. 2023) ----------------------------------------------------------------------
@@ -94,11 +94,50 @@ def test_pre_scaled_layer_l_of_each_stack_scales_by_one_over_root_l():
     assert type(m.encoder.final_norm) is nn.LayerNorm
 
 
+# ---- Mix-LN (Li et al. 2025) ----------------------------------------------------------------------
+def test_mix_block_is_post_norm_or_pre_norm_as_it_was_built():
+    f, n, x = linear(1), norm(2), fixed(3, 2, 3, D)
+    torch.testing.assert_close(block("mix", f, n, post_norm=True)(x), n(x + f(x)))
+    torch.testing.assert_close(block("mix", f, n, post_norm=False)(x), x + f(n(x)))
+
+
+@pytest.mark.parametrize("ratio, n, posts", [(0.25, 6, 1), (0.25, 3, 0), (0.5, 4, 2), (0.29, 100, 29), (0.0, 6, 0),
+                                             (1.0, 6, 6)])
+def test_mix_post_norm_in_the_first_floor_alpha_l_layers_of_each_stack(ratio, n, posts):
+    m = Seq2SeqTransformer(model_cfg("mix", encoder_layers=n, decoder_layers=2, norm={"mix_ratio": ratio}))
+    assert [l.self_attn.post_norm_layer for l in m.encoder.layers] == [i < posts for i in range(n)]
+    assert {b.post_norm_layer for b in residuals(m.encoder.layers[0])} == {posts > 0}
+    assert [l.ffn.post_norm_layer for l in m.decoder.layers] == [i < int(ratio * 2) for i in range(2)]
+    assert type(m.encoder.final_norm) is type(m.decoder.final_norm) is nn.LayerNorm  # for every α
+
+
+def test_mix_at_ratio_zero_is_pre_norm():
+    src, tgt = batch()
+    torch.manual_seed(0)
+    mix = Seq2SeqTransformer(model_cfg("mix", norm={"mix_ratio": 0.0})).eval()
+    torch.manual_seed(0)
+    pre = Seq2SeqTransformer(model_cfg("pre")).eval()
+    assert torch.equal(mix(src, tgt), pre(src, tgt))
+
+
+def test_mix_layers_keep_their_choice_through_pruning_save_and_load(tmp_path):
+    m = Seq2SeqTransformer(model_cfg("mix", encoder_layers=4, decoder_layers=4))  # α = 0.25: layer 0 post-norm
+    pruned = prune(m, [0, 2], [0, 3])  # rebuilt with 2 layers, ⌊0.25·2⌋ = 0 would make every layer pre-norm
+    loaded, _ = load_model(save_model(tmp_path / "pruned.ckpt", pruned, tokenizer_proto=None))
+    for model in (pruned, loaded):
+        for stack in (model.encoder, model.decoder):
+            assert [l.ffn.post_norm_layer for l in stack.layers] == [True, False]
+
+
 # ---- every new scheme ---------------------------------------------------------------------------
 REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
            ("b2t", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=b2t"),
            ("reordered", dict(init="admin"), "init: admin with norm.placement=reordered"),
-           ("pre_scaled", dict(init="admin"), "init: admin with norm.placement=pre_scaled")]
+           ("pre_scaled", dict(init="admin"), "init: admin with norm.placement=pre_scaled"),
+           ("mix", dict(init="admin"), "init: admin with norm.placement=mix"),
+           ("mix", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=mix"),
+           ("mix", dict(norm={"mix_ratio": 1.5}), "norm.mix_ratio: 1.5 is not valid"),
+           ("pre", dict(norm={"mix_ratio": 0.5}), "norm.mix_ratio: 0.5 with norm.placement=pre")]
 
 
 @pytest.mark.parametrize("placement, kw, message", REFUSED)

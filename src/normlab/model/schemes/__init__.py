@@ -17,6 +17,8 @@ b2t       (Takase et al. 2023)        x = N(x + drop(F(x))), but a layer's last 
 reordered (OLMo 2 2024; Swin v2 2022)  x = x + drop(N(F(x)))        + a final N per stack
 pre_scaled (Sun et al. 2025, The      x = x + drop(F(N(x)/√ℓ))    in layer ℓ (1-based, per stack),
             Curse of Depth)                                         + a final N (unscaled)
+mix       (Li et al. 2025, Mix-LN)    post in the first ⌊αL⌋ layers of each stack, pre in the
+                                      others (α = norm.mix_ratio, 0.25), + a final N per stack
 
 A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
 the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
@@ -26,13 +28,13 @@ whether it is pre-like; config.py asks which combinations it refuses. Adding a s
 subclass of base.Scheme (registered by its `name`) in a module of this package imported below (in
 the order of the choice list), its conf/norm file and its tests.
 """
-from normlab.model.schemes.base import SCHEMES, Scheme, get_scheme
+from normlab.model.schemes.base import MIX_RATIO, SCHEMES, Scheme, get_scheme
 from normlab.model.schemes.classic import (DeepNorm, DualStreamInput, DualStreamOutput, Post, Pre, ReZero,
                                            ResiDual, Sandwich, SubLN, deepnorm_constants, subln_gains)
-from normlab.model.schemes.recent import B2T, PreScaled, Reordered
+from normlab.model.schemes.recent import B2T, Mix, PreScaled, Reordered, post_norm_layers
 
 PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices, in the order the modules register
 
-__all__ = ["PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
+__all__ = ["MIX_RATIO", "PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
            "ResiDual", "DualStreamInput", "DualStreamOutput", "deepnorm_constants", "subln_gains", "B2T",
-           "Reordered", "PreScaled"]
+           "Reordered", "PreScaled", "Mix", "post_norm_layers"]

@@ -6,6 +6,7 @@ from torch import nn
 
 from normlab.model.norms import build_norm
 
+MIX_RATIO = 0.25  # norm.mix_ratio's default: Mix-LN's α, its post-norm share of the layers (Li et al. 2025)
 SCHEMES: dict[str, "Scheme"] = {}  # norm.placement -> its scheme, in the order of the choice list
 
 
@@ -20,6 +21,7 @@ class Scheme:
     admin = False  # Admin's ω on the skip (Liu et al. 2020) is defined for post-norm only
     scale_cross = False  # whether the initial branch scaling includes cross-attention
     no_dlcl = ""  # why the scheme refuses DLCL (model.layer_aggregation=dlcl); "" = it takes it
+    mix_ratio = False  # whether it reads norm.mix_ratio (Mix-LN alone)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -85,10 +87,13 @@ class Scheme:
 
     # ---- the combinations refused: (key, what) for config.ConfigError, or None -------------------
     def norm_refusal(self, norm) -> tuple[str, str] | None:
-        if (norm.type == "none") == self.norm_free:
-            return None
-        return ("norm.type", f"{norm.type} with norm.placement={self.name}: ReZero (Bachlechner et al. 2020) is "
-                "the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+        if (norm.type == "none") != self.norm_free:
+            return ("norm.type", f"{norm.type} with norm.placement={self.name}: ReZero (Bachlechner et al. 2020) "
+                    "is the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+        if norm.mix_ratio != MIX_RATIO and not self.mix_ratio:  # a no-op setting would rename the run
+            return ("norm.mix_ratio", f"{norm.mix_ratio} with norm.placement={self.name}: only Mix-LN "
+                    f"(norm.placement=mix) reads it; leave it at {MIX_RATIO}")
+        return None
 
     def model_refusal(self, cfg) -> tuple[str, str] | None:
         if cfg.init == "admin" and not self.admin:

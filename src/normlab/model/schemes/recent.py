@@ -4,10 +4,12 @@ norm.placement choice order, after the classic ones."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
-from normlab.model.schemes.base import Scheme
+from normlab.model.norms import build_norm
+from normlab.model.schemes.base import SCHEMES, Scheme
 from normlab.model.schemes.classic import Post, Pre
 
 
@@ -65,3 +67,44 @@ class PreScaled(Pre):
     def forward(self, block, x, *args, **kwargs):
         out = block.sublayer(block.norm(x) * block.ln_scale, *args, **kwargs)
         return block.dropout.add(x, out)
+
+
+def post_norm_layers(mix_ratio: float, n_layers: int) -> int:
+    """⌊αL⌋, Mix-LN's number of post-norm layers, exact for a decimal α (0.29 · 100 is 28.999...
+    in floats, 29 here)."""
+    return math.floor(Fraction(repr(mix_ratio)) * n_layers)
+
+
+def _read_post_norm(block, incompatible_keys=None) -> None:
+    # The block's choice as a Python bool (no device sync per forward), refreshed from the buffer
+    # whenever a state dict is loaded: a checkpoint's layers keep the choice they trained with.
+    block.post_norm_layer = bool(block.post_norm)
+
+
+class Mix(Scheme):
+    """x = N(x + drop(F(x))) in the first ⌊αL⌋ layers of each stack (post-norm), x = x + drop(F(N(x)))
+    in the others (pre-norm), α = norm.mix_ratio (Li et al. 2025, Mix-LN; their default 0.25), and a
+    final N per stack. The paper sets the post-norm layers by the ratio α; the authors' LLaMA code
+    (NORM_TYPE=post_pre, the first POST_NUM layers post-LN; seen in nikitus20/mixln, a copy of the
+    pre-release) takes the count: we follow the paper. The final N: that code keeps LLaMA's final
+    RMSNorm (`model.norm`) whatever the layers, and the stack's last layers are pre-norm (α < 1), so
+    its output is un-normalised; we keep it for every α, so the model's structure and checkpoint
+    keys do not depend on ⌊αL⌋ (a pruned model, rebuilt with fewer layers, loads its own). Each
+    block stores its choice in a persistent buffer (`post_norm`): pruning keeps it."""
+    name, paper = "mix", "Li et al. 2025, Mix-LN"
+    mix_ratio = True
+    no_dlcl = "DLCL has a post-norm and a pre-norm form, Mix-LN's layers are both; choose one"
+
+    def block_options(self, cfg, d, stack, layer):
+        return {"post_norm": layer < post_norm_layers(cfg.norm.mix_ratio, getattr(cfg, f"{stack}_layers"))}
+
+    def add_state(self, block, alpha, post_norm=False, **state):
+        block.register_buffer("post_norm", torch.tensor(bool(post_norm)))
+        block.register_load_state_dict_post_hook(_read_post_norm)
+        _read_post_norm(block)
+
+    def forward(self, block, x, *args, **kwargs):
+        return SCHEMES["post" if block.post_norm_layer else "pre"].forward(block, x, *args, **kwargs)
+
+    def final_norm(self, norm_cfg, d):
+        return build_norm(norm_cfg, d)
