@@ -44,7 +44,7 @@ def _value(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool 
 
 
 def _refuse(refusal: tuple[str, str] | None) -> None:
-    # A residual scheme's refusal of a combination (model/schemes.py): (key, what).
+    # A residual scheme's refusal of a combination (model/schemes/): (key, what).
     if refusal is not None:
         raise ConfigError(*refusal)
 

@@ -1,11 +1,12 @@
-"""The residual connection around every sub-layer; what it computes is its scheme's (schemes.py).
+"""The residual connection around every sub-layer; what it computes is its scheme's (schemes/).
 
 A ResidualBlock holds a sub-layer F, its norm N, the residual dropout and the parameters some
 schemes add, under the names every checkpoint has: omega (Admin's ω, Liu et al. 2020: a trainable
 vector of size d on the skip branch, created as ones and overwritten by the Admin init routine),
 norm_out (Sandwich's second norm), alpha (DeepNorm's α, a persistent buffer: a pruned model keeps
-the α it trained with) and scale (ReZero's a). Its forward is its scheme's; the formulas of every
-scheme are in schemes.py.
+the α it trained with) and scale (ReZero's a), and the buffers a scheme adds per layer (ln_scale,
+LayerNorm Scaling's 1/√ℓ; post_norm, Mix-LN's choice). Its forward is its scheme's; the formulas
+of every scheme are in schemes/__init__.py.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class ResidualBlock(nn.Module):
         self.omega = nn.Parameter(torch.ones(d)) if omega else None
         self.norm_out = norm_out
         self.scale = None
-        self.scheme.add_state(self, alpha, **state)  # state: a scheme's per-layer values (schemes.py)
+        self.scheme.add_state(self, alpha, **state)  # state: a scheme's per-layer values (schemes/)
 
     @property
     def placement(self) -> str:

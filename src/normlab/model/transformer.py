@@ -1,7 +1,7 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) built from a ModelConfig alone.
 
 Norm type and placement are injected through ResidualBlock (residual.py) and its scheme
-(schemes.py); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
+(schemes/); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
 (aggregation.py: one after the other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al.
 2019) can swap in a ModuleList whose iterator skips layers without touching the loops. A stack is:
 embed -> stream_in (identity, or ResiDual's second stream) -> layers -> final_norm (the scheme's).
