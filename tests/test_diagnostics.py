@@ -84,7 +84,9 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "sandwich": {"norm": {"placement": "sandwich", "type": "scalenorm"}},
         "rezero": {"norm": {"placement": "rezero", "type": "none"}},
         "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
-        "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"}}
+        "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"},
+        "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
+        "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

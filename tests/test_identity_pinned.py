@@ -62,6 +62,19 @@ def test_a_new_key_at_its_neutral_value_keeps_the_identity():
     assert base.callbacks.stall.stop_after is None and identity.run_name(base) == "bible_de_en-" + PINNED[0][1]
 
 
+def test_mix_ratio_at_its_default_keeps_the_pinned_names():
+    """norm.mix_ratio (Mix-LN, issue 20) is in every composed config at 0.25 and leaves names alone."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        base = compose(config_name="config", overrides=["norm.mix_ratio=0.25"])
+        post = compose(config_name="config", overrides=["norm=postnorm"])
+        mix, mix_half = (compose(config_name="config", overrides=["norm=mix", *o]) for o in ([], ["norm.mix_ratio=0.5"]))
+    assert base.norm.mix_ratio == post.norm.mix_ratio == 0.25
+    assert identity.run_name(base) == "bible_de_en-" + PINNED[0][1]
+    assert identity.run_name(post) == "bible_de_en-" + PINNED[1][1]
+    assert identity.identity_hash(mix_half) != identity.identity_hash(mix)
+    assert identity.run_name(mix).startswith("bible_de_en-mix-xavier-")
+
+
 def test_a_started_run_is_named_alike_by_its_folder_and_its_record(tmp_path):
     """finetune=/resume= with a checkpoint whose model changes a key that others interpolate
     (data.max_positions follows model.max_positions; callbacks.drophead_schedule.p follows

@@ -155,3 +155,12 @@ def test_norm_options(option, expected):
     # the two axes stay independent overrides
     post = validate_run_config(compose_cfg([f"norm={option}", "norm.placement=post", "logger=csv"])).norm
     assert (post.type, post.placement, post.fixnorm) == (expected[0], "post", expected[2])
+
+
+@pytest.mark.parametrize("option", ["b2t", "reordered", "pre_scaled", "mix"])
+def test_a_scheme_of_2023_2025_trains_end_to_end(option, small_corpus, tmp_path_factory):
+    # norm=<name> composes, trains a few steps, validates and checkpoints (issue 20, item 2)
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, f"norm={option}", "trainer.max_steps=4")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 4
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 4

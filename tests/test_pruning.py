@@ -10,6 +10,7 @@ from torch import nn
 
 from normlab.checkpoint import load_model, resolve_checkpoint, save_model
 from normlab.config import ModelConfig
+from normlab.model.schemes import SCHEMES
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.regularizers.pruning import data_driven, every_other, prune, search_on_valid
 
@@ -80,13 +81,13 @@ class Identity(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "deepnorm", "subln", "sandwich", "rezero", "resi_dual"])
+@pytest.mark.parametrize("placement", list(SCHEMES))
 @pytest.mark.parametrize("reg", [{}, {"encoder_layerdrop": 0.2, "decoder_layerdrop": 0.2},
                                  {"encoder_layerdrop": 0.2, "decoder_layerdrop": 0.2, "layerdrop_rates": "learned"}])
 def test_pruned_equals_skipped_forward_and_survives_save_load(placement, reg, tmp_path):
     torch.manual_seed(0)
     c = cfg(**reg)
-    c.norm.placement, c.norm.type = placement, "none" if placement == "rezero" else "layernorm"
+    c.norm.placement, c.norm.type = placement, "none" if SCHEMES[placement].norm_free else "layernorm"
     m = Seq2SeqTransformer(c).eval()
     keep_e, keep_d = [0, 3, 5], [1, 2]  # not consecutive
     pruned = prune(m, keep_e, keep_d)

@@ -190,3 +190,18 @@ def test_each_scheme_computes_what_it_did(case):
 
 def test_run_name_labels_are_unchanged():
     assert [identity.norm_label(norm) for norm in LABEL_CASES] == LABELS
+
+
+# Schemes added after the pins (issue 20, item 2): a placement name of their own, alone with LayerNorm.
+NEW_LABELS = {
+    ("b2t", "layernorm", False): "b2t", ("b2t", "rmsnorm", False): "b2t_rmsnorm",
+    ("b2t", "scalenorm", True): "b2t_scalenorm_fixnorm",
+    ("reordered", "layernorm", False): "reordered", ("reordered", "dyt", False): "reordered_dyt",
+    ("pre_scaled", "layernorm", False): "pre_scaled", ("pre_scaled", "rmsnorm", False): "pre_scaled_rmsnorm",
+    ("mix", "layernorm", False): "mix", ("mix", "rmsnorm", False): "mix_rmsnorm",
+}
+
+
+def test_labels_of_the_new_schemes_are_pinned():
+    assert {key: identity.norm_label(dict(placement=key[0], type=key[1], fixnorm=key[2])) for key in NEW_LABELS} \
+        == NEW_LABELS

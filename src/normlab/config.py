@@ -5,7 +5,7 @@ The model package is built from `ModelConfig` alone, so a checkpoint stores
 Validation errors name the Hydra key (`model.d_model`, `norm.type`, ...) and the
 allowed values, so a bad override fails before any data is read. Each list of allowed values is
 imported from the module that owns the choice (the norms from model/norms.py, placements from
-model/schemes.py, ...), never repeated here; so are the combinations a residual scheme refuses.
+model/schemes/, ...), never repeated here; so are the combinations a residual scheme refuses.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
 from normlab.model.norms import NORMS
-from normlab.model.schemes import PLACEMENTS, get_scheme
+from normlab.model.schemes import MIX_RATIO, PLACEMENTS, get_scheme
 from normlab.regularizers.layerdrop import RATES as LAYERDROP_RATES
 
 
@@ -44,7 +44,7 @@ def _value(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool 
 
 
 def _refuse(refusal: tuple[str, str] | None) -> None:
-    # A residual scheme's refusal of a combination (model/schemes.py): (key, what).
+    # A residual scheme's refusal of a combination (model/schemes/): (key, what).
     if refusal is not None:
         raise ConfigError(*refusal)
 
@@ -68,15 +68,17 @@ def _bool(key: str, value: Any) -> None:
 @dataclass
 class NormConfig:
     type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | none
-    placement: str = "post"  # model/schemes.py: post | pre | deepnorm | subln | sandwich | rezero | resi_dual
+    placement: str = "post"  # model/schemes/: post | pre | deepnorm | subln | sandwich | rezero | resi_dual | ...
     fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
     eps: float = 1e-5
     scale_init: float | None = None  # ScaleNorm g init; None -> sqrt(d) as in the paper
     dyt_alpha_init: float = 0.5  # DyT's α at init (Zhu et al. 2025's default)
+    mix_ratio: float = MIX_RATIO  # Mix-LN's α (Li et al. 2025): post-norm in the first ⌊αL⌋ layers
 
     def validate(self) -> None:
         _choice("norm.type", self.type, tuple(NORMS))
         _choice("norm.placement", self.placement, PLACEMENTS)
+        _value("norm.mix_ratio", self.mix_ratio, "a number in [0, 1]", lambda v: 0 <= v <= 1)
         _refuse(get_scheme(self.placement).norm_refusal(self))
         _value("norm.dyt_alpha_init", self.dyt_alpha_init, "a number > 0", lambda v: v > 0)
         _bool("norm.fixnorm", self.fixnorm)

@@ -47,6 +47,7 @@ NOT_IDENTITY = (
 # that value, so the runs named before the key existed are still found (continued or skipped).
 NEUTRAL = {
     "callbacks.stall.stop_after": None,  # stopping stalled runs early (off)
+    "norm.mix_ratio": 0.25,  # Mix-LN's α (issue 20), read by norm.placement=mix alone; its default
     # validating at the last step too: a run whose max_steps is a multiple of the validation
     # interval (every preset and study) behaves as before; another continued across the change
     # validates at its end as well, which only adds a candidate for its best checkpoint

@@ -13,10 +13,11 @@ The input of layer l+1 (l = 0..L-1) and the stack output (l = L) are
   pre-norm-like placements:  Σ_{k≤l} W[l,k]·LN_k(y_k)       LN_0 = identity (normalize_embed off),
                              then the stack's final norm on the output;
   post-norm-like placements: LN_l(Σ_{k≤l} W[l,k]·y_k)        LN_0 = identity,
-with one norm LN_k (norm.type) per layer. "Pre-like" are the schemes whose stack ends in a final
-norm (Scheme.pre_like in schemes.py: pre, subln, sandwich); the others (post, deepnorm, rezero with
-the identity norm) use the post form, as the authors' `normalize_before` switch does. ResiDual
-carries its own second stream and does not combine with DLCL (its scheme refuses it), nor does
+with one norm LN_k (norm.type) per layer. "Pre-like" are the schemes whose stream is never
+normalised in a block (Scheme.pre_like in schemes/: pre, subln, sandwich, reordered, pre_scaled);
+the others (post, deepnorm, rezero with the identity norm) use the post form, as the authors'
+`normalize_before` switch does. ResiDual carries its own second stream, B2T its own skip over a
+layer and Mix-LN mixes both forms: none combines with DLCL (their schemes refuse it), nor does
 LayerDrop: a dropped layer's slot in the weighted history is not defined by either paper. Pruning a
 DLCL stack removes the layer from the history: `subset(keep)` keeps W's rows and columns (and
 norms) of the kept layers.

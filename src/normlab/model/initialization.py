@@ -38,7 +38,7 @@ def xavier_init_(model: nn.Module) -> nn.Module:
 
 
 # ---- the residual schemes' own initialisation ---------------------------------------------
-# DeepNorm's β and Sub-LN's γ (schemes.py: Scheme.branch_gains, with the papers' constants) scale
+# DeepNorm's β and Sub-LN's γ (schemes/: Scheme.branch_gains, with the papers' constants) scale
 # Xavier-initialised weights of the value and output projections of attention and of both FFN
 # layers (never q, k), as torchscale does after its default init.
 

@@ -1,5 +1,5 @@
 """What a run's name says of its residual scheme (identity.norm_label), apart from the schemes'
-torch code (schemes.py) so that identity.py, pure functions of config values, imports no model.
+torch code (schemes/) so that identity.py, pure functions of config values, imports no model.
 
 Post- and pre-norm put any norm at a position (Vaswani et al. 2017; Wang et al. 2019): their label
 names the norm type (post_ln, pre_scalenorm). Every other scheme is one paper's design around its

@@ -1,7 +1,7 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) built from a ModelConfig alone.
 
 Norm type and placement are injected through ResidualBlock (residual.py) and its scheme
-(schemes.py); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
+(schemes/); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
 (aggregation.py: one after the other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al.
 2019) can swap in a ModuleList whose iterator skips layers without touching the loops. A stack is:
 embed -> stream_in (identity, or ResiDual's second stream) -> layers -> final_norm (the scheme's).
@@ -47,12 +47,12 @@ class FeedForward(nn.Module):
         return self.fc2(self.inner_norm(self.dropout(F.relu(self.fc1(x)))))
 
 
-def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str) -> ResidualBlock:
+def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str, layer: int) -> ResidualBlock:
     # Admin (Liu et al. 2020) adds a trainable ω to every residual branch; the scheme adds what it
-    # needs (DeepNorm its α, Sandwich a second norm on the branch output).
+    # needs (DeepNorm its α, Sandwich a second norm on the branch output, what layer `layer` needs).
     scheme = get_scheme(cfg.norm.placement)
     return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, scheme.name, cfg.dropout, omega=cfg.init == "admin",
-                         **scheme.block_options(cfg, d, stack))
+                         **scheme.block_options(cfg, d, stack, layer))
 
 
 def _inner_norm(cfg: ModelConfig, d: int, kind: str) -> nn.Module | None:
@@ -73,30 +73,32 @@ def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
     return FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn, "ffn"))
 
 
+# A layer hands its input to its last block (layer_input): B2T's bottom-to-top skip uses it, every
+# other scheme ignores it. `index`: the layer's 0-based position in its stack at construction.
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int):
+    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, index: int = 0):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder")
-        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder")
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder", index)
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder", index)
 
     def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
-        x = self.self_attn(x, key_padding_mask=src_pad_mask)
-        return self.ffn(x)
+        h = self.self_attn(x, key_padding_mask=src_pad_mask)
+        return self.ffn(h, layer_input=x)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int):
+    def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int, index: int = 0):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d, "decoder")
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d, "decoder", index)
         # Queries come from the decoder, keys and values from the encoder output (Vaswani 3.2.3).
-        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d, "decoder")
-        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder")
+        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d, "decoder", index)
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder", index)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 cache: IncrementalCache | None = None) -> torch.Tensor:
-        x = self.self_attn(x, causal=True, cache=cache)
-        x = self.cross_attn(x, memory, key_padding_mask=src_pad_mask, cache=cache)
-        return self.ffn(x)
+        h = self.self_attn(x, causal=True, cache=cache)
+        h = self.cross_attn(h, memory, key_padding_mask=src_pad_mask, cache=cache)
+        return self.ffn(h, layer_input=x)
 
 
 def _positions(cfg: ModelConfig, d: int) -> nn.Module:
@@ -120,8 +122,8 @@ class Encoder(_Stack):
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
         self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
-        self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn)
-                                  for _ in range(cfg.encoder_layers)), reg.encoder_layerdrop,
+        self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn, i)
+                                  for i in range(cfg.encoder_layers)), reg.encoder_layerdrop,
                                  reg.layerdrop_rates, salt=1)
         self.aggregation = build_aggregation(cfg, "encoder", cfg.encoder_layers, d)
         self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)
@@ -140,8 +142,8 @@ class Decoder(_Stack):
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
         self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer
-        self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model)
-                                  for _ in range(cfg.decoder_layers)), reg.decoder_layerdrop,
+        self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model, i)
+                                  for i in range(cfg.decoder_layers)), reg.decoder_layerdrop,
                                  reg.layerdrop_rates, salt=2)
         self.aggregation = build_aggregation(cfg, "decoder", cfg.decoder_layers, d)
         self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)

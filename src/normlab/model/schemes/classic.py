@@ -1,25 +1,5 @@
-"""The residual schemes: one class per norm.placement, the ONLY code that knows the placements.
-
-N is the norm (any norm type), F the sub-layer, drop the residual dropout (Vaswani et al. 5.4).
-post      (Vaswani et al. 2017)       x = N(x·ω + drop(F(x)))      ω only with Admin, else 1
-deepnorm  (Wang et al. 2022, DeepNet) x = N(α·x + drop(F(x)))      α per stack, a constant
-pre       (Wang et al. 2019)          x = x + drop(F(N(x)))        + a final N per stack
-subln     (Wang et al. 2022, Magneto) x = x + drop(F(N(x)))        + a final N; F has inner norms
-sandwich  (Ding et al. 2021 CogView;  x = x + N_out(drop(F(N(x)))) + a final N
-           Peri-LN, Kim et al. 2025)
-rezero    (Bachlechner et al. 2020)   x = x + a·drop(F(x))         a a learned scalar, 0 at init;
-                                                                    no norm (norm.type=none)
-resi_dual (Xie et al. 2023)           (x, d) -> (N(x + f), d + f), f = drop(F(x)): a post-norm
-                                      stream x and a dual stream d; the stack starts with d = x
-                                      (its input) and outputs x + N_final(d).
-
-A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
-the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
-itself to its scheme's forward; the model asks the scheme how the stream enters and leaves a stack,
-what norm ends it, which sub-layers get inner norms, how to scale the initial weights; DLCL asks
-whether it is pre-like; config.py asks which combinations it refuses. Adding a scheme is one
-subclass here (registered by its `name`), its conf/norm file and its tests.
-"""
+"""The schemes up to 2023: post, pre, DeepNorm, Sub-LN, Sandwich, ReZero, ResiDual (formulas in the
+package docstring). The registration order is the norm.placement choice order."""
 from __future__ import annotations
 
 import math
@@ -28,93 +8,7 @@ import torch
 from torch import nn
 
 from normlab.model.norms import build_norm
-
-SCHEMES: dict[str, "Scheme"] = {}  # norm.placement -> its scheme, in the order of the choice list
-
-
-class Scheme:
-    """A residual scheme: its block forward (on a ResidualBlock's norm, sublayer, dropout and own
-    parameters), its stack's input and output, its initial scaling and its refused combinations.
-    The defaults are the plain single-stream residual without a final norm or a scaling."""
-    name = ""  # the norm.placement value; a subclass with a name registers itself
-    paper = ""
-    pre_like = False  # the stream is never normalised in a block: DLCL's pre form, a final N per stack
-    norm_free = False  # ReZero: the one scheme with norm.type=none (and the only one that takes it)
-    admin = False  # Admin's ω on the skip (Liu et al. 2020) is defined for post-norm only
-    scale_cross = False  # whether the initial branch scaling includes cross-attention
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            SCHEMES[cls.name] = cls()
-
-    # a stateless singleton: a copied or unpickled block shares it
-    def __deepcopy__(self, memo) -> "Scheme":
-        return self
-
-    def __reduce__(self):
-        return get_scheme, (self.name,)
-
-    def __repr__(self) -> str:
-        return self.name
-
-    # ---- the residual block ------------------------------------------------------------------
-    def check_block(self, omega: bool, norm_out: nn.Module | None) -> None:
-        if omega and not self.admin:
-            raise ValueError("Admin's omega is defined for post-norm residuals (Liu et al. 2020)")
-        if norm_out is not None:
-            raise ValueError("norm_out is the sandwich placement's second norm (and only its)")
-
-    def add_state(self, block: nn.Module, alpha: float) -> None:
-        """The scheme's own parameters or buffers on the block (DeepNorm's α, ReZero's a)."""
-
-    def block_options(self, cfg, d: int, stack: str) -> dict:
-        """ResidualBlock's keyword arguments this scheme needs (cfg: a ModelConfig)."""
-        return {}
-
-    def forward(self, block: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        raise NotImplementedError
-
-    def stream(self, x: torch.Tensor) -> torch.Tensor:
-        # The residual stream in a block's input (what diagnostics call x in ‖F(x)‖/‖x‖).
-        return x
-
-    # ---- the stack -----------------------------------------------------------------------------
-    def stream_input(self) -> nn.Module:
-        return nn.Identity()
-
-    def final_norm(self, norm_cfg, d: int) -> nn.Module:
-        # What each stack applies to its last layer's output. Pre-norm-like schemes leave the
-        # residual stream un-normalised, so each stack ends with one more N (Wang et al. 2019; Nguyen &
-        # Salazar 2019); post-norm's last sub-layer already normalised; ReZero has no norm.
-        return build_norm(norm_cfg, d) if self.pre_like else nn.Identity()
-
-    def inner_norm(self, norm_cfg, d: int, kind: str) -> nn.Module | None:
-        """A norm inside the sub-layer of `kind` (encoder_self, decoder_self, cross, ffn), or None."""
-        return None
-
-    def branch_gains(self, n_enc: int, n_dec: int) -> dict[str, float]:
-        """{stack: gain} for the Xavier weights of v, out, fc1, fc2 (initialization.py); {} = none."""
-        return {}
-
-    # ---- the combinations refused: (key, what) for config.ConfigError, or None -------------------
-    def norm_refusal(self, norm) -> tuple[str, str] | None:
-        if (norm.type == "none") == self.norm_free:
-            return None
-        return ("norm.type", f"{norm.type} with norm.placement={self.name}: ReZero (Bachlechner et al. 2020) is "
-                "the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
-
-    def model_refusal(self, cfg) -> tuple[str, str] | None:
-        if cfg.init == "admin" and not self.admin:
-            return ("init", f"admin with norm.placement={self.name}: Admin is defined for post-norm models "
-                    "(Liu et al. 2020); set norm.placement=post")
-        return None
-
-
-def get_scheme(name: str) -> Scheme:
-    if name not in SCHEMES:
-        raise ValueError(f"placement={name!r}; allowed values: {', '.join(SCHEMES)}")
-    return SCHEMES[name]
+from normlab.model.schemes.base import Scheme
 
 
 class Post(Scheme):
@@ -165,10 +59,10 @@ class DeepNorm(Post):
     α is a persistent buffer: a pruned model keeps the α it trained with."""
     name, paper, admin, scale_cross = "deepnorm", "Wang et al. 2022, DeepNet", False, True
 
-    def block_options(self, cfg, d, stack):
+    def block_options(self, cfg, d, stack, layer):
         return {"alpha": deepnorm_constants(cfg.encoder_layers, cfg.decoder_layers)[stack][0]}
 
-    def add_state(self, block, alpha):
+    def add_state(self, block, alpha, **state):
         block.register_buffer("alpha", torch.tensor(float(alpha)))
 
     def skip(self, block, x):
@@ -203,7 +97,7 @@ class Sandwich(Pre):
         if norm_out is None:
             raise ValueError("norm_out is the sandwich placement's second norm (and only its)")
 
-    def block_options(self, cfg, d, stack):
+    def block_options(self, cfg, d, stack, layer):
         return {"norm_out": build_norm(cfg.norm, d)}
 
     def forward(self, block, x, *args, **kwargs):
@@ -218,7 +112,7 @@ class ReZero(Scheme):
     per sub-layer."""
     name, paper, norm_free = "rezero", "Bachlechner et al. 2020", True
 
-    def add_state(self, block, alpha):
+    def add_state(self, block, alpha, **state):
         block.scale = nn.Parameter(torch.zeros(()))
 
     def forward(self, block, x, *args, **kwargs):
@@ -248,6 +142,7 @@ class ResiDual(Scheme):
     value; the authors' code (microsoft/ResiDual) passes a tuple (x, res), starts res = x·1.0 and
     ends with x·1.0 + LN(res) (their LayerNorm eps 1e-7; here norm.eps)."""
     name, paper = "resi_dual", "Xie et al. 2023"
+    no_dlcl = "ResiDual's dual stream is its own cross-layer connection; choose one"
 
     def forward(self, block, x, *args, **kwargs):
         x, dual = x.unbind(0)  # (B, T, D) each
@@ -262,11 +157,3 @@ class ResiDual(Scheme):
 
     def final_norm(self, norm_cfg, d):
         return DualStreamOutput(build_norm(norm_cfg, d))
-
-    def model_refusal(self, cfg):
-        dlcl = ("model.layer_aggregation", "dlcl with norm.placement=resi_dual: ResiDual's dual stream is its "
-                "own cross-layer connection; choose one")
-        return super().model_refusal(cfg) or (dlcl if cfg.layer_aggregation == "dlcl" else None)
-
-
-PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices

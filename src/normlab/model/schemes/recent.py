@@ -1,0 +1,110 @@
+"""The schemes of 2023-2025: B2T, Mix-LN, LayerNorm Scaling, reordered norm (formulas in the package
+docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order is the
+norm.placement choice order, after the classic ones."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+
+from normlab.model.norms import build_norm
+from normlab.model.schemes.base import SCHEMES, Scheme
+from normlab.model.schemes.classic import Post, Pre
+
+
+class B2T(Post):
+    """x = N(h + drop(F(h)) + x_layer) in a layer's last block, x = N(x + drop(F(x))) in the others:
+    post-norm whose last norm also receives the layer's input x_layer (the bottom-to-top
+    connection). Encoder: h = N(x_layer + drop(F_attn(x_layer))); decoder: h after self- and
+    cross-attention. We follow the authors' code (takase/b2t_connection,
+    fairseq/modules/transformer_layer.py, `residual_bottom_to_top`): `residual_bottom = x` at the
+    layer's start, then x = residual + dropout(fc2(...)), x = residual_bottom + x, final_layer_norm(x):
+    the layer input is added after the dropout and the FFN's residual, before the last LN, as here.
+    That code also multiplies every non-LayerNorm weight of a B2T layer by L^(-1/2) at construction
+    (`rescaling_init`, "rescaling parameters for deep transformers"); the paper's connection is the
+    formula above, which we follow: the initialisation stays model.init."""
+    name, paper, admin = "b2t", "Takase et al. 2023, B2T connection", False
+    # DLCL feeds a layer a learned mix of all earlier outputs and B2T skips the layer's own input
+    # over its sub-layers: two answers to post-norm's vanishing gradient (Wang et al. 2019; Takase
+    # et al. 2023) whose combination neither paper defines.
+    no_dlcl = "B2T's bottom-to-top skip and DLCL are two different cross-layer connections; choose one"
+
+    def last_forward(self, block, x, layer_input, *args, **kwargs):
+        out = block.sublayer(x, *args, **kwargs)
+        return block.norm(block.dropout.add(x, out) + layer_input)
+
+
+class Reordered(Scheme):
+    """x = x + drop(N(F(x))), and a final N per stack: the norm moves from the sub-layer's input to
+    its output, inside the residual branch (OLMo 2, OLMo et al. 2024; Swin Transformer v2's
+    res-post-norm, Liu et al. 2022). As OLMo-core's ReorderedNormTransformerBlock:
+    h = x + dropout(attention_norm(attention(x))). The stream itself is never normalised, so each
+    stack ends with a final N, as OLMo 2 keeps its final norm before the output layer (OLMo-core's
+    LM head norm); DLCL takes it in its pre-norm form (pre_like)."""
+    name, paper, pre_like = "reordered", "OLMo et al. 2024, OLMo 2; Liu et al. 2022, Swin v2", True
+
+    def forward(self, block, x, *args, **kwargs):
+        return block.dropout.add(x, block.norm(block.sublayer(x, *args, **kwargs)))
+
+
+class PreScaled(Pre):
+    """x = x + drop(F(N(x)/√ℓ)) in layer ℓ (1-based, counted within its stack: encoder and decoder
+    layers are separate depths), and a final N per stack, unscaled: pre-norm with LayerNorm Scaling
+    (Sun et al. 2025, The Curse of Depth; OLMo-core's LayerNormScaledTransformerBlock, whose
+    1/sqrt(block_idx + 1) multiplies every in-layer norm's output, not the model's final norm).
+    Named `pre_scaled`, not after the paper: it is pre-norm with a scaled norm, and any norm type
+    takes the scale (pre_scaled_rmsnorm). 1/√ℓ is a persistent buffer on each block (`ln_scale`),
+    as OLMo-core's: a pruned model keeps the scale each layer trained with."""
+    name, paper = "pre_scaled", "Sun et al. 2025, The Curse of Depth"
+
+    def block_options(self, cfg, d, stack, layer):
+        return {"ln_scale": 1.0 / math.sqrt(layer + 1)}
+
+    def add_state(self, block, alpha, ln_scale=1.0, **state):
+        block.register_buffer("ln_scale", torch.tensor(float(ln_scale)))
+
+    def forward(self, block, x, *args, **kwargs):
+        out = block.sublayer(block.norm(x) * block.ln_scale, *args, **kwargs)
+        return block.dropout.add(x, out)
+
+
+def post_norm_layers(mix_ratio: float, n_layers: int) -> int:
+    """⌊αL⌋, Mix-LN's number of post-norm layers, exact for a decimal α (0.29 · 100 is 28.999...
+    in floats, 29 here)."""
+    return math.floor(Fraction(repr(mix_ratio)) * n_layers)
+
+
+def _read_post_norm(block, incompatible_keys=None) -> None:
+    # The block's choice as a Python bool (no device sync per forward), refreshed from the buffer
+    # whenever a state dict is loaded: a checkpoint's layers keep the choice they trained with.
+    block.post_norm_layer = bool(block.post_norm)
+
+
+class Mix(Scheme):
+    """x = N(x + drop(F(x))) in the first ⌊αL⌋ layers of each stack (post-norm), x = x + drop(F(N(x)))
+    in the others (pre-norm), α = norm.mix_ratio (Li et al. 2025, Mix-LN; their default 0.25), and a
+    final N per stack. The paper sets the post-norm layers by the ratio α; the authors' LLaMA code
+    (NORM_TYPE=post_pre, the first POST_NUM layers post-LN; seen in nikitus20/mixln, a copy of the
+    pre-release) takes the count: we follow the paper. The final N: that code keeps LLaMA's final
+    RMSNorm (`model.norm`) whatever the layers, and the stack's last layers are pre-norm (α < 1), so
+    its output is un-normalised; we keep it for every α, so the model's structure and checkpoint
+    keys do not depend on ⌊αL⌋ (a pruned model, rebuilt with fewer layers, loads its own). Each
+    block stores its choice in a persistent buffer (`post_norm`): pruning keeps it."""
+    name, paper = "mix", "Li et al. 2025, Mix-LN"
+    mix_ratio = True
+    no_dlcl = "DLCL has a post-norm and a pre-norm form, Mix-LN's layers are both; choose one"
+
+    def block_options(self, cfg, d, stack, layer):
+        return {"post_norm": layer < post_norm_layers(cfg.norm.mix_ratio, getattr(cfg, f"{stack}_layers"))}
+
+    def add_state(self, block, alpha, post_norm=False, **state):
+        block.register_buffer("post_norm", torch.tensor(bool(post_norm)))
+        block.register_load_state_dict_post_hook(_read_post_norm)
+        _read_post_norm(block)
+
+    def forward(self, block, x, *args, **kwargs):
+        return SCHEMES["post" if block.post_norm_layer else "pre"].forward(block, x, *args, **kwargs)
+
+    def final_norm(self, norm_cfg, d):
+        return build_norm(norm_cfg, d)
