@@ -21,7 +21,7 @@ def test_default_config_is_valid():
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("norm.type=batchnorm", r"^norm\.type: 'batchnorm' is not valid \(allowed: layernorm, scalenorm, rmsnorm, dyt, none\)$"),
+    ("norm.type=batchnorm", r"^norm\.type: 'batchnorm' is not valid \(allowed: layernorm, scalenorm, rmsnorm, dyt, derf, none\)$"),
     ("norm.placement=middle", r"^norm\.placement: 'middle' is not valid \(allowed: post, pre, "),
     ("model.d_model=130", r"^model\.d_model: 130 is not divisible by model\.encoder_heads=4$"),
     ("model.dropout=-0.1", r"^model\.dropout: -0\.1 is not valid \(allowed: a probability in \[0, 1\]\)$"),

@@ -146,7 +146,7 @@ def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
 @pytest.mark.parametrize("option, expected", [
     ("postnorm", ("layernorm", "post", False)), ("prenorm", ("layernorm", "pre", False)),
     ("scalenorm", ("scalenorm", "pre", False)), ("scalenorm_fixnorm", ("scalenorm", "pre", True)),
-    ("rmsnorm", ("rmsnorm", "pre", False))])
+    ("rmsnorm", ("rmsnorm", "pre", False)), ("dyt", ("dyt", "pre", False)), ("derf", ("derf", "pre", False))])
 def test_norm_options(option, expected):
     from normlab.config import validate_run_config
 
@@ -155,3 +155,25 @@ def test_norm_options(option, expected):
     # the two axes stay independent overrides
     post = validate_run_config(compose_cfg([f"norm={option}", "norm.placement=post", "logger=csv"])).norm
     assert (post.type, post.placement, post.fixnorm) == (expected[0], "post", expected[2])
+
+
+# Issue 20: each newer option trains a few steps end to end, and its checkpoint rebuilds the model
+# (model_config alone, no Hydra; strict load_state_dict) with the option on and the trained weights.
+NEW_OPTIONS = {  # option -> (overrides, what the rebuilt model must have)
+    "derf": (["norm=derf"], lambda m: m.cfg.norm.type == "derf" and type(m.encoder.final_norm).__name__ == "Derf"),
+}
+
+
+@pytest.mark.parametrize("option", NEW_OPTIONS)
+def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, tmp_path_factory):
+    extra, has_option = NEW_OPTIONS[option]
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, *extra, "trainer.max_steps=4", "trainer.val_check_interval=2")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 4
+    model, tok = load_model(run_dir / "checkpoints" / "last.ckpt")
+    assert has_option(model) and tok is not None
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, saved["model." + name]), name
+    src = torch.tensor([tok.encode(["im anfang"])[0][:6] + [model.cfg.eos_id]])
+    assert model(src, src[:, :3]).isfinite().all()

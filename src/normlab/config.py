@@ -67,7 +67,7 @@ def _bool(key: str, value: Any) -> None:
 
 @dataclass
 class NormConfig:
-    type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | none
+    type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | derf | none
     placement: str = "post"  # model/schemes.py: post | pre | deepnorm | subln | sandwich | rezero | resi_dual
     fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
     eps: float = 1e-5
