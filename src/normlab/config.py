@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from normlab.errors import UserError
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
+from normlab.model.attention import QK_NORMS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
@@ -132,6 +133,10 @@ class ModelConfig:
     # the encoder, the decoder or both.
     layer_aggregation: str = "none"
     layer_aggregation_stacks: str = "both"
+    # QK-norm (model/attention.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
+    # logits g·q̂·k̂, g₀ = qk_norm_scale_init, null: log₂(L² − L) with L = max_positions) | rms (OLMo 2).
+    qk_norm: str = "none"
+    qk_norm_scale_init: float | None = None
     norm: NormConfig = field(default_factory=NormConfig)
     regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
 
@@ -163,6 +168,9 @@ class ModelConfig:
         _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
+        _choice("model.qk_norm", self.qk_norm, QK_NORMS)
+        _value("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
+               "L = model.max_positions", lambda v: v > 0, null=True)
         self.norm.validate()
         self.regularizer.validate()
         if self.layer_aggregation == "dlcl":

@@ -16,7 +16,7 @@ from torch import nn
 
 from typing import TYPE_CHECKING
 
-from normlab.model.attention import IncrementalCache, MultiheadAttention
+from normlab.model.attention import IncrementalCache, MultiheadAttention, build_qk_norm, henry_scale_init
 from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
@@ -65,8 +65,11 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     # every step by the schedule callback. p = 0: no module at all (nn.Identity).
     reg = cfg.regularizer
     drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
+    # QK-norm in every attention, self and cross, of both stacks (Henry et al. 2020 normalise all).
+    g0 = cfg.qk_norm_scale_init if cfg.qk_norm_scale_init is not None else henry_scale_init(cfg.max_positions)
+    qk_norm = build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps)
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
-                              drophead=drophead, inner_norm=_inner_norm(cfg, d, kind))
+                              drophead=drophead, inner_norm=_inner_norm(cfg, d, kind), qk_norm=qk_norm)
 
 
 def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
