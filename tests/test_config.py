@@ -51,6 +51,7 @@ def test_default_config_is_valid():
     ("+norm.colour=red", r"^norm\.colour: not a norm option"),
     ("model.qk_norm=cosine", r"^model\.qk_norm: 'cosine' is not valid \(allowed: none, l2, rms\)$"),
     ("model.qk_norm_scale_init=0", r"^model\.qk_norm_scale_init: 0 is not valid \(allowed: a number > 0, or null"),
+    ("model.value_residual=maybe", r"^model\.value_residual: 'maybe' is not valid \(allowed: true, false\)$"),
 ])
 def test_invalid_values_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):

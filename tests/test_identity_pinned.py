@@ -63,7 +63,8 @@ def test_a_new_key_at_its_neutral_value_keeps_the_identity():
 
 
 # Keys added by issue 20, at their defaults: a pinned run keeps its name; another value is another run.
-NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0")}
+NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0"),
+                  "model.value_residual": ("false", "true")}
 
 
 @pytest.mark.parametrize("key", NEW_MODEL_KEYS)
@@ -74,7 +75,7 @@ def test_a_new_model_key_at_its_default_keeps_the_pinned_names(key):
     for overrides, name in PINNED[:2]:
         with initialize_config_dir(config_dir=CONF, version_base="1.3"):
             typed = compose(config_name="config", overrides=overrides + [f"{key}={default}"])
-            changed = compose(config_name="config", overrides=overrides + [f"{key}={other}", "model.qk_norm=l2"])
+            changed = compose(config_name="config", overrides=overrides + [f"{key}={other}"])
         assert identity.run_name(typed) == "bible_de_en-" + name  # the key present, at its default
         with open_dict(typed):  # a config from before the key existed (an old checkpoint's model merged in)
             del typed.model[key.split(".", 1)[1]]

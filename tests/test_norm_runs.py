@@ -163,6 +163,9 @@ NEW_OPTIONS = {  # option -> (overrides, what the rebuilt model must have)
     "derf": (["norm=derf"], lambda m: m.cfg.norm.type == "derf" and type(m.encoder.final_norm).__name__ == "Derf"),
     "qk_norm_l2": (["model.qk_norm=l2"], lambda m: type(m.decoder.layers[1].cross_attn.sublayer.qk_norm).__name__ == "L2QKNorm"),
     "qk_norm_rms": (["model.qk_norm=rms"], lambda m: type(m.encoder.layers[0].self_attn.sublayer.qk_norm).__name__ == "RMSQKNorm"),
+    "value_residual": (["model.value_residual=true"],
+                       lambda m: not torch.equal(m.decoder.layers[1].self_attn.sublayer.value_residual.lambdas,
+                                                 torch.tensor([0.5, 0.5]))),  # trained away from the init
 }
 
 

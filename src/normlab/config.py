@@ -137,6 +137,9 @@ class ModelConfig:
     # logits g·q̂·k̂, g₀ = qk_norm_scale_init, null: log₂(L² − L) with L = max_positions) | rms (OLMo 2).
     qk_norm: str = "none"
     qk_norm_scale_init: float | None = None
+    # Value residual (Zhou et al. 2024; model/attention.py): self-attention of layer n attends over
+    # λ₁·V₁ + λ₂·V_n, V₁ the first layer's values of the same stack, λ learned (init 0.5).
+    value_residual: bool = False
     norm: NormConfig = field(default_factory=NormConfig)
     regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
 
@@ -159,7 +162,7 @@ class ModelConfig:
                f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
-        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings"):
+        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual"):
             _bool(f"model.{key}", getattr(self, key))
         _check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
                f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
