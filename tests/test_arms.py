@@ -10,7 +10,7 @@ from torch import nn
 from normlab.config import ConfigError, ModelConfig, NormConfig
 from normlab.model.attention import MultiheadAttention
 from normlab.model.schemes import deepnorm_constants, subln_gains
-from normlab.model.norms import DyT, RMSNorm, build_norm
+from normlab.model.norms import Derf, DyT, RMSNorm, build_norm
 from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import FeedForward, Seq2SeqTransformer
 
@@ -70,6 +70,24 @@ def test_dyt_formula():
     x = torch.randn(2, 4, 5) * 3
     torch.testing.assert_close(dyt(x), dyt.weight * torch.tanh(dyt.alpha * x) + dyt.bias)
     assert build_norm(NormConfig(type="dyt", placement="pre", dyt_alpha_init=0.8), 5).alpha.item() == pytest.approx(0.8)
+
+
+def test_derf_formula_against_a_hand_computed_erf():
+    # Chen et al. 2025: γ ⊙ erf(α·x + s) + β; init α = 0.5, s = 0, γ = 1, β = 0.
+    fresh = build_norm(NormConfig(type="derf", placement="pre"), 3)
+    assert isinstance(fresh, Derf) and (fresh.alpha.item(), fresh.shift.item()) == (0.5, 0.0)
+    assert torch.equal(fresh.weight, torch.ones(3)) and torch.equal(fresh.bias, torch.zeros(3))
+    derf = Derf(3)
+    with torch.no_grad():
+        derf.alpha.fill_(0.75), derf.shift.fill_(-0.25)
+        derf.weight.copy_(torch.tensor([1.5, -2.0, 0.5])), derf.bias.copy_(torch.tensor([0.1, 0.0, -0.3]))
+    x = [[-2.0, 0.0, 1.0], [0.5, 3.0, -0.125]]
+    expected = [[g * math.erf(0.75 * v - 0.25) + b for v, g, b in zip(row, (1.5, -2.0, 0.5), (0.1, 0.0, -0.3))]
+                for row in x]
+    torch.testing.assert_close(derf(torch.tensor(x)), torch.tensor(expected))
+    assert torch.equal(Derf(3)(torch.zeros(2, 3)), torch.zeros(2, 3))  # erf(0) = 0: zero-centred at init
+    derf(torch.tensor(x)).sum().backward()  # α, s, γ, β all learned
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in derf.parameters())
 
 
 def test_subln_inner_norms_sit_before_the_last_linear_maps():
@@ -183,6 +201,10 @@ def test_rezero_starts_at_zero_and_dyt_at_half():
     assert not any(isinstance(m, (nn.LayerNorm, RMSNorm)) for m in model.modules())
     dyt = Seq2SeqTransformer(tiny(norm={"placement": "pre", "type": "dyt"}))
     assert all(m.alpha.item() == 0.5 for m in dyt.modules() if isinstance(m, DyT))
+    derf = Seq2SeqTransformer(tiny(norm={"placement": "pre", "type": "derf"}))
+    derfs = [m for m in derf.modules() if isinstance(m, Derf)]
+    assert len(derfs) == 2 * 3 + 3 * 2 + 2 and all((m.alpha.item(), m.shift.item()) == (0.5, 0.0) for m in derfs)
+    assert not any(isinstance(m, (nn.LayerNorm, DyT)) for m in derf.modules())
 
 
 def test_fixnorm_output_scale_is_the_final_scalenorm_g_and_gets_a_gradient():

@@ -21,7 +21,7 @@ def test_default_config_is_valid():
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("norm.type=batchnorm", r"^norm\.type: 'batchnorm' is not valid \(allowed: layernorm, scalenorm, rmsnorm, dyt, none\)$"),
+    ("norm.type=batchnorm", r"^norm\.type: 'batchnorm' is not valid \(allowed: layernorm, scalenorm, rmsnorm, dyt, derf, none\)$"),
     ("norm.placement=middle", r"^norm\.placement: 'middle' is not valid \(allowed: post, pre, "),
     ("model.d_model=130", r"^model\.d_model: 130 is not divisible by model\.encoder_heads=4$"),
     ("model.dropout=-0.1", r"^model\.dropout: -0\.1 is not valid \(allowed: a probability in \[0, 1\]\)$"),
@@ -49,6 +49,9 @@ def test_default_config_is_valid():
     ("norm.placement=rezero", r"^norm\.type: layernorm with norm\.placement=rezero"),
     ("model.layer_aggregation=dense", r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl\)$"),
     ("+norm.colour=red", r"^norm\.colour: not a norm option"),
+    ("model.qk_norm=cosine", r"^model\.qk_norm: 'cosine' is not valid \(allowed: none, l2, rms\)$"),
+    ("model.qk_norm_scale_init=0", r"^model\.qk_norm_scale_init: 0 is not valid \(allowed: a number > 0, or null"),
+    ("model.value_residual=maybe", r"^model\.value_residual: 'maybe' is not valid \(allowed: true, false\)$"),
 ])
 def test_invalid_values_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -6,7 +6,7 @@ import sys
 from conftest import ROOT
 
 
-def test_two_process_ddp_run_completes(small_corpus, tmp_path):
+def ddp_run(small_corpus, tmp_path, *extra):
     run_dir = tmp_path / "run"
     overrides = [f"data.{k}={v}" for k, v in small_corpus.items()] + [
         "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
@@ -14,7 +14,7 @@ def test_two_process_ddp_run_completes(small_corpus, tmp_path):
         "model.d_model=32", "model.encoder_ffn=64", "model.decoder_ffn=64", "model.encoder_layers=1",
         "model.decoder_layers=1", "regularizer=layerdrop_drophead", "trainer.max_steps=6",
         "trainer.val_check_interval=3", "trainer.enable_progress_bar=false", "logger=csv",
-        "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5", f"hydra.run.dir={run_dir}",
+        "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5", f"hydra.run.dir={run_dir}", *extra,
     ]
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
@@ -22,4 +22,17 @@ def test_two_process_ddp_run_completes(small_corpus, tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 6
     assert results["choices"]["trainer"] == "ddp"
-    assert isinstance(results["test_bleu"], float)
+    return results
+
+
+def test_two_process_ddp_run_completes(small_corpus, tmp_path):
+    assert isinstance(ddp_run(small_corpus, tmp_path)["test_bleu"], float)
+
+
+def test_two_process_ddp_with_the_attention_options_and_layer_one_dropped(small_corpus, tmp_path):
+    # Issue 20: with LayerDrop dropping layer 1, the value residual's λ of the first layer that runs
+    # are not used; they must still get a (zero) gradient, or DDP without find_unused_parameters
+    # stops at the next step. Derf and QK-norm parameters are used at every step.
+    ddp_run(small_corpus, tmp_path, "model.encoder_layers=3", "model.decoder_layers=3", "model.value_residual=true",
+            "model.qk_norm=l2", "norm=derf", "regularizer.encoder_layerdrop=0.5", "regularizer.decoder_layerdrop=0.5",
+            "eval.test=false")

@@ -86,7 +86,9 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "resi_dual": {"norm": {"placement": "resi_dual", "type": "scalenorm"}},
         "dyt": {"norm": {"placement": "pre", "type": "dyt"}}, "dlcl": {"layer_aggregation": "dlcl"},
         "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
-        "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}}}
+        "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}},
+        "derf_qk_value_residual": {"norm": {"placement": "pre", "type": "derf"}, "qk_norm": "l2",
+                                   "qk_norm_scale_init": 3.0, "value_residual": True}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))
@@ -115,5 +117,10 @@ def test_diagnostics_and_probe_see_every_block_of_every_scheme(arm):
         assert [stats[f"diag/{n}/a"] for n in names] == [0.5] * len(names)
     if arm == "dyt":
         assert stats["diag/enc.0.ffn/dyt_alpha"] == 0.5
+    if arm == "derf_qk_value_residual":
+        assert (stats["diag/enc.0.ffn/derf_alpha"], stats["diag/enc.0.ffn/derf_shift"]) == (0.5, 0.0)
+        assert [stats[f"diag/{n}/qk_g"] for n in names if "attn" in n] == [3.0] * (2 + 2 * 2)
+        assert {n for n in names if f"diag/{n}/vr_lambda1" in stats} == {n for n in names if n.endswith("self_attn")}
+        assert stats["diag/dec.1.self_attn/vr_lambda2"] == 0.5
     if arm == "resi_dual":
         assert {"diag/enc.final/g", "diag/dec.final/g"} <= set(stats)

@@ -62,6 +62,7 @@ def test_identity_ignores_how_a_run_is_logged_or_executed_but_not_what_it_learns
     (["+arm=rezero"], "rezero", "xavier", "none", "rezero"),
     (["+arm=subln", "norm.type=rmsnorm"], "subln_rmsnorm", "xavier", "none", "subln_rmsnorm"),
     (["+arm=pre_dyt"], "pre_dyt", "xavier", "none", "pre_dyt"),
+    (["+arm=pre_derf"], "pre_derf", "xavier", "none", "pre_derf"),
     (["+arm=dlcl_pre"], "pre_ln", "xavier", "none", "dlcl_pre"),
     (["+arm=dlcl_post", "model.layer_aggregation_stacks=encoder"], "post_ln", "xavier", "none", "dlcl_encoder_post"),
 ])

@@ -75,6 +75,27 @@ def test_mix_ratio_at_its_default_keeps_the_pinned_names():
     assert identity.run_name(mix).startswith("bible_de_en-mix-xavier-")
 
 
+# Keys added by issue 20, at their defaults: a pinned run keeps its name; another value is another run.
+NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0"),
+                  "model.value_residual": ("false", "true")}
+
+
+@pytest.mark.parametrize("key", NEW_MODEL_KEYS)
+def test_a_new_model_key_at_its_default_keeps_the_pinned_names(key):
+    from omegaconf import open_dict
+
+    default, other = NEW_MODEL_KEYS[key]
+    for overrides, name in PINNED[:2]:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            typed = compose(config_name="config", overrides=overrides + [f"{key}={default}"])
+            changed = compose(config_name="config", overrides=overrides + [f"{key}={other}"])
+        assert identity.run_name(typed) == "bible_de_en-" + name  # the key present, at its default
+        with open_dict(typed):  # a config from before the key existed (an old checkpoint's model merged in)
+            del typed.model[key.split(".", 1)[1]]
+        assert identity.run_name(typed) == "bible_de_en-" + name
+        assert identity.identity_hash(changed) != name.rsplit("-", 1)[1]
+
+
 def test_a_started_run_is_named_alike_by_its_folder_and_its_record(tmp_path):
     """finetune=/resume= with a checkpoint whose model changes a key that others interpolate
     (data.max_positions follows model.max_positions; callbacks.drophead_schedule.p follows

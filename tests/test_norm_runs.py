@@ -146,7 +146,7 @@ def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
 @pytest.mark.parametrize("option, expected", [
     ("postnorm", ("layernorm", "post", False)), ("prenorm", ("layernorm", "pre", False)),
     ("scalenorm", ("scalenorm", "pre", False)), ("scalenorm_fixnorm", ("scalenorm", "pre", True)),
-    ("rmsnorm", ("rmsnorm", "pre", False))])
+    ("rmsnorm", ("rmsnorm", "pre", False)), ("dyt", ("dyt", "pre", False)), ("derf", ("derf", "pre", False))])
 def test_norm_options(option, expected):
     from normlab.config import validate_run_config
 
@@ -164,3 +164,30 @@ def test_a_scheme_of_2023_2025_trains_end_to_end(option, small_corpus, tmp_path_
     results = run(compose_cfg(ov))
     assert results["status"] == "completed" and results["steps"] == 4
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 4
+
+
+# Issue 20: each newer option trains a few steps end to end, and its checkpoint rebuilds the model
+# (model_config alone, no Hydra; strict load_state_dict) with the option on and the trained weights.
+NEW_OPTIONS = {  # option -> (overrides, what the rebuilt model must have)
+    "derf": (["norm=derf"], lambda m: m.cfg.norm.type == "derf" and type(m.encoder.final_norm).__name__ == "Derf"),
+    "qk_norm_l2": (["model.qk_norm=l2"], lambda m: type(m.decoder.layers[1].cross_attn.sublayer.qk_norm).__name__ == "L2QKNorm"),
+    "qk_norm_rms": (["model.qk_norm=rms"], lambda m: type(m.encoder.layers[0].self_attn.sublayer.qk_norm).__name__ == "RMSQKNorm"),
+    "value_residual": (["model.value_residual=true"],
+                       lambda m: not torch.equal(m.decoder.layers[1].self_attn.sublayer.value_residual.lambdas,
+                                                 torch.tensor([0.5, 0.5]))),  # trained away from the init
+}
+
+
+@pytest.mark.parametrize("option", NEW_OPTIONS)
+def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, tmp_path_factory):
+    extra, has_option = NEW_OPTIONS[option]
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, *extra, "trainer.max_steps=4", "trainer.val_check_interval=2")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 4
+    model, tok = load_model(run_dir / "checkpoints" / "last.ckpt")
+    assert has_option(model) and tok is not None
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, saved["model." + name]), name
+    src = torch.tensor([tok.encode(["im anfang"])[0][:6] + [model.cfg.eos_id]])
+    assert model(src, src[:, :3]).isfinite().all()

@@ -16,7 +16,7 @@ def test_build_norm_picks_class_and_settings():
     assert isinstance(build_norm(NormConfig(type="rmsnorm"), 8), RMSNorm)
     assert build_norm(NormConfig(type="scalenorm"), 16).g.item() == pytest.approx(4.0)  # √d
     assert build_norm(NormConfig(type="scalenorm", scale_init=2.5), 16).g.item() == pytest.approx(2.5)
-    assert set(NORMS) == {"layernorm", "scalenorm", "rmsnorm", "dyt", "none"}
+    assert set(NORMS) == {"layernorm", "scalenorm", "rmsnorm", "dyt", "derf", "none"}
 
 
 def test_scalenorm_matches_formula_including_eps_clamp():

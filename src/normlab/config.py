@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from normlab.errors import UserError
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
+from normlab.model.attention import QK_NORMS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
@@ -67,7 +68,7 @@ def _bool(key: str, value: Any) -> None:
 
 @dataclass
 class NormConfig:
-    type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | none
+    type: str = "layernorm"  # model/norms.py: layernorm | scalenorm | rmsnorm | dyt | derf | none
     placement: str = "post"  # model/schemes/: post | pre | deepnorm | subln | sandwich | rezero | resi_dual | ...
     fixnorm: bool = False  # Nguyen & Salazar 2019: l2-normalised embeddings and a cosine output layer
     eps: float = 1e-5
@@ -134,6 +135,13 @@ class ModelConfig:
     # the encoder, the decoder or both.
     layer_aggregation: str = "none"
     layer_aggregation_stacks: str = "both"
+    # QK-norm (model/attention.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
+    # logits g·q̂·k̂, g₀ = qk_norm_scale_init, null: log₂(L² − L) with L = max_positions) | rms (OLMo 2).
+    qk_norm: str = "none"
+    qk_norm_scale_init: float | None = None
+    # Value residual (Zhou et al. 2024; model/attention.py): self-attention of layer n attends over
+    # λ₁·V₁ + λ₂·V_n, V₁ the first layer's values of the same stack, λ learned (init 0.5).
+    value_residual: bool = False
     norm: NormConfig = field(default_factory=NormConfig)
     regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
 
@@ -156,7 +164,7 @@ class ModelConfig:
                f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
-        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings"):
+        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual"):
             _bool(f"model.{key}", getattr(self, key))
         _check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
                f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
@@ -165,6 +173,9 @@ class ModelConfig:
         _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
+        _choice("model.qk_norm", self.qk_norm, QK_NORMS)
+        _value("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
+               "L = model.max_positions", lambda v: v > 0, null=True)
         self.norm.validate()
         self.regularizer.validate()
         if self.layer_aggregation == "dlcl":

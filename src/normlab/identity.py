@@ -52,6 +52,9 @@ NEUTRAL = {
     # interval (every preset and study) behaves as before; another continued across the change
     # validates at its end as well, which only adds a candidate for its best checkpoint
     "callbacks.validate_at_end": {"_target_": "normlab.callbacks.validate_at_end.ValidateAtEnd"},
+    "model.qk_norm": "none",  # QK-norm (issue 20): off, attention as before
+    "model.qk_norm_scale_init": None,  # its g₀ (the paper's rule); acts only with qk_norm=l2
+    "model.value_residual": False,  # value residual (issue 20): off
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

@@ -10,7 +10,9 @@ steps (global steps 0, k, 2k, ...) it writes to every logger, with names that gr
 - g           ScaleNorm's scalar g of the block's norm (`g_out`: a sandwich block's second norm;
               also `diag/enc.final/g`, `diag/dec.final/g` for the stacks' final norms and
               `diag/output/g` for the FixNorm output layer when it owns its g);
-- dyt_alpha   DyT's scalar α of the block's norm;
+- dyt_alpha   DyT's scalar α of the block's norm; derf_alpha, derf_shift: Derf's α and s;
+- qk_g        QK-norm's (model.qk_norm=l2) scale g of an attention sub-layer;
+- vr_lambda1, vr_lambda2   the value residual's λ₁, λ₂ of a self-attention sub-layer;
 - a           ReZero's scalar;
 - omega_mean / omega_min / omega_max   Admin's ω vector;
 - `diag/output_change/encoder|decoder`: Admin's probe ‖F(x;W) − F(x;W*)‖, W* = W − δ·sign(N(0,1))
@@ -24,7 +26,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from normlab.model.norms import DyT, ScaleNorm
+from normlab.model.norms import Derf, DyT, ScaleNorm
 from normlab.probes import output_change
 
 
@@ -37,6 +39,13 @@ def parameter_stats(model: nn.Module) -> dict[str, float]:
                 out[f"diag/{name}/{key}"] = norm.g.item()
         if isinstance(block.norm, DyT):
             out[f"diag/{name}/dyt_alpha"] = block.norm.alpha.item()
+        if isinstance(block.norm, Derf):
+            out.update({f"diag/{name}/derf_alpha": block.norm.alpha.item(), f"diag/{name}/derf_shift": block.norm.shift.item()})
+        qk, vr = getattr(block.sublayer, "qk_norm", None), getattr(block.sublayer, "value_residual", None)
+        if hasattr(qk, "g"):
+            out[f"diag/{name}/qk_g"] = qk.g.item()
+        if vr is not None:
+            out.update({f"diag/{name}/vr_lambda{i + 1}": lam for i, lam in enumerate(vr.lambdas.tolist())})
         if block.scale is not None:
             out[f"diag/{name}/a"] = block.scale.item()
         if block.omega is not None:

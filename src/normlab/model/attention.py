@@ -9,18 +9,26 @@ of the memory (`_fused`).
 Optional behaviour is injected as modules that default to nn.Identity (torchtune's pattern):
 `drophead` acts on the per-head outputs (B, H, T, Dh) (Scheduled DropHead, Zhou et al. 2020:
 normlab.regularizers.drophead), `inner_norm` on the merged heads (B, T, D) before the output
-projection (Sub-LN, Wang et al. 2022).
+projection (Sub-LN, Wang et al. 2022), `qk_norm` on the per-head queries and keys (QK-norm, Henry
+et al. 2020; model.qk_norm, see L2QKNorm and RMSQKNorm), `value_residual` on a self-attention's
+values (Zhou et al. 2024; model.value_residual, see ValueResidual).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normlab.model.norms import RMSNorm
+
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
 # drophead_encoder_self / drophead_decoder_self / drophead_cross), Admin's export needs to know
 # which projections read the residual stream (a cross-attention's keys and values read memory).
 KINDS = ("encoder_self", "decoder_self", "cross")
+# model.qk_norm: none, ℓ2 (Henry et al. 2020) or RMS (OLMo 2) normalisation of each head's q and k.
+QK_NORMS = ("none", "l2", "rms")
 
 
 class IncrementalCache:
@@ -51,10 +59,101 @@ class IncrementalCache:
                     state[key] = value.index_select(0, index)
 
 
+class L2QKNorm(nn.Module):
+    # QK-norm (Henry et al. 2020, "Query-Key Normalization for Transformers", Findings of EMNLP;
+    # shown on low-resource MT): q̂ = q/‖q‖, k̂ = k/‖k‖ per head, logits g · q̂·k̂ in place of
+    # q·k/√d_head, g ONE learned scalar per attention module. The paper initialises
+    # g₀ = log₂(L² − L), L the 97.5th percentile of the training sequence lengths
+    # (henry_scale_init; model.qk_norm_scale_init sets g₀, null takes L = model.max_positions).
+    # g is folded into the queries, so SDPA runs with scale=1: logits = (g·q̂)·k̂.
+    sdpa_scale = 1.0
+
+    def __init__(self, scale_init: float):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor(float(scale_init)))
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return F.normalize(q, dim=-1) * self.g  # (B, H, T, Dh), each row of norm g
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return F.normalize(k, dim=-1)
+
+    def extra_repr(self) -> str:
+        return "l2"
+
+
+class RMSQKNorm(nn.Module):
+    # The common variant (OLMo 2, Team OLMo 2024): RMSNorm of q and of k with learned gains, here over
+    # each head's Dh features (one gain vector of size Dh for q, one for k, shared by the heads; OLMo
+    # 2 normalises the whole projection before splitting heads), then the usual 1/√d_head scaling.
+    sdpa_scale = None  # SDPA's default, 1/√d_head
+
+    def __init__(self, head_dim: int, eps: float):
+        super().__init__()
+        self.q_norm, self.k_norm = RMSNorm(head_dim, eps), RMSNorm(head_dim, eps)
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return self.q_norm(q)
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return self.k_norm(k)
+
+
+def henry_scale_init(length: int) -> float:
+    # Henry et al. 2020: g₀ = log₂(L² − L) for sequences of L tokens.
+    return math.log2(length * length - length)
+
+
+def build_qk_norm(kind: str, head_dim: int, scale_init: float, eps: float) -> nn.Module | None:
+    # kind: model.qk_norm (QK_NORMS); None for none: the module keeps today's path and state dict.
+    if kind == "l2":
+        return L2QKNorm(scale_init)
+    if kind == "rms":
+        return RMSQKNorm(head_dim, eps)
+    return None
+
+
+class FirstValues:
+    # The values V₁ of the first self-attention that runs in one forward of a stack, handed to the
+    # later ones (ValueResidual). The stack makes a new one per forward (a decoding step is a forward:
+    # it holds that step's V₁), so nothing outlives the forward, and passes it down as `values=`.
+    def __init__(self):
+        self.v: torch.Tensor | None = None  # (B, H, T, Dh)
+
+
+class ValueResidual(nn.Module):
+    # Value residual learning (Zhou et al. 2024, arXiv 2410.17897, ResFormer): the self-attention of
+    # layer n ≥ 2 of a stack attends over V_n ← λ₁·V₁ + λ₂·V_n, V₁ the values of the stack's first
+    # layer (before its attention; per position, so cached mixed values are what a full forward
+    # computes). λ₁, λ₂ learned scalars per layer, init 0.5 each: the paper's ResFormer fixes both at
+    # 1/2 (U_n = A_n·(V_n + V₁)/2), its learnable variant starts there; x-transformers mixes with a
+    # fixed 0.5 or a learned per-token sigmoid gate (add_value_residual), which we do not follow.
+    # "First" is the first self-attention that RUNS: with layer 1 skipped (LayerDrop) or pruned, the
+    # first layer that runs takes its role, as in a model built without it, so pruning == skipping.
+    # Every layer has λ (layer 1's act only if it is not the first to run; a pruned stack whose
+    # layer 1 is gone rebuilds from its config); the first-running layer adds 0·(λ₁ + λ₂), an exact
+    # zero, so its λ still get a (zero) gradient and DDP needs no find_unused_parameters.
+    def __init__(self, init: float = 0.5):
+        super().__init__()
+        self.lambdas = nn.Parameter(torch.full((2,), float(init)))  # (λ₁, λ₂)
+
+    def forward(self, v: torch.Tensor, first: FirstValues | None) -> torch.Tensor:
+        if first is None:
+            raise ValueError("value residual: a self-attention needs its stack's FirstValues (values=)")
+        if first.v is None:  # this layer's values are V₁
+            first.v = v
+            return v + self.lambdas.sum() * 0.0 if torch.is_grad_enabled() else v
+        return self.lambdas[0] * first.v + self.lambdas[1] * v
+
+    def extra_repr(self) -> str:
+        return "V ← λ₁·V₁ + λ₂·V"
+
+
 class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
                  kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self",
-                 drophead: nn.Module | None = None, inner_norm: nn.Module | None = None):
+                 drophead: nn.Module | None = None, inner_norm: nn.Module | None = None,
+                 qk_norm: nn.Module | None = None, value_residual: ValueResidual | None = None):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -69,21 +168,28 @@ class MultiheadAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.drophead = drophead if drophead is not None else nn.Identity()
         self.inner_norm = inner_norm if inner_norm is not None else nn.Identity()
+        self.qk_norm = qk_norm  # None: q·k/√d_head as always (no module, so no state-dict key)
+        if value_residual is not None and kind == "cross":
+            raise ValueError(f"value residual is for self-attention, not kind={kind!r}")
+        self.value_residual = value_residual  # None: the values as projected
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 key_padding_mask: torch.Tensor | None = None, causal: bool = False,
-                cache: IncrementalCache | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+                cache: IncrementalCache | None = None, head_mask: torch.Tensor | None = None,
+                values: FirstValues | None = None) -> torch.Tensor:
         # x: (B, T, D) queries; memory: (B, S, kdim) for cross-attention, None for self-attention.
         # key_padding_mask: (B, S) bool, True = pad (ignored). head_mask: (B, H), multiplies each
         # head's output (e.g. to measure head importance); training-time DropHead is `drophead`.
+        # values: the stack's FirstValues, for the value residual.
         B, T, _ = x.shape
-        q, k, v = self._qkv(x, memory, cache)  # (B, H, T, Dh); (B / G, H, S, Dh) each
+        q, k, v = self._qkv(x, memory, cache, values)  # (B, H, T, Dh); (B / G, H, S, Dh) each
         G = _group(B, k.size(0))
         if G > 1:  # G hypotheses per source row (beam search): their queries share the source's keys
             q = q.view(-1, G, self.num_heads, T, self.head_dim).transpose(1, 2).flatten(2, 3)  # (B/G, H, G·T, Dh)
         attn_mask, is_causal = _attention_mask(key_padding_mask, causal, q.size(2), k.size(2), x.device)
+        scale = None if self.qk_norm is None else self.qk_norm.sdpa_scale  # None: SDPA's 1/√d_head
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                             dropout_p=self.dropout if self.training else 0.0)
+                                             dropout_p=self.dropout if self.training else 0.0, scale=scale)
         if G > 1:
             out = out.unflatten(2, (G, T)).transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)
         out = self.drophead(out)  # (B, H, T, Dh)
@@ -96,21 +202,30 @@ class MultiheadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def _qkv(self, x, memory, cache):
+    def _qkv(self, x, memory, cache, values=None):
+        # QK-norm acts per position, so keys are normalised once, when computed, and cached normalised:
+        # a cached step sees the same keys as the whole sequence at once.
+        qk = self.qk_norm
         if memory is not None:
             # Cross-attention: the encoder's keys/values depend only on the source, so a cache
             # computes them at the first step, once per source row, and reuses them for every later
             # step and every hypothesis of that source.
             q = self._split(self.q_proj(x))
+            q = q if qk is None else qk.query(q)
             state = cache.source_state(self) if cache is not None else None
             if state:
                 return q, state["k"], state["v"]
             k, v = _fused(memory, self.k_proj, self.v_proj)
             k, v = self._split(k), self._split(v)
+            k = k if qk is None else qk.key(k)
             if state is not None:
                 state["k"], state["v"] = k, v
             return q, k, v
         q, k, v = (self._split(t) for t in _fused(x, self.q_proj, self.k_proj, self.v_proj))
+        if qk is not None:
+            q, k = qk.query(q), qk.key(k)
+        if self.value_residual is not None:  # the new positions' values, mixed before they are cached
+            v = self.value_residual(v, values)
         if cache is not None:
             # Self-attention: append this step's keys/values to the prefix's.
             state = cache.state(self)

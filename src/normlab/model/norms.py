@@ -2,7 +2,8 @@
 
 LayerNorm is torch's own. ScaleNorm follows Nguyen & Salazar 2019 ("Transformers without
 Tears", eq. for ScaleNorm); RMSNorm follows Zhang & Sennrich 2019; DyT follows Zhu et al. 2025
-("Transformers without Normalization"). `none` is the identity: ReZero (Bachlechner et al. 2020)
+("Transformers without Normalization"), Derf its successor (Chen et al. 2025, "Stronger
+Normalization-Free Transformers", arXiv 2512.10938). `none` is the identity: ReZero (Bachlechner et al. 2020)
 has no norm at all (norm.placement=rezero, the only placement that takes it).
 """
 from __future__ import annotations
@@ -63,11 +64,32 @@ class DyT(nn.Module):
         return f"d={self.d}"
 
 
+class Derf(nn.Module):
+    # Chen et al. 2025 (arXiv 2512.10938), DyT's successor: Derf(x) = γ ⊙ erf(α·x + s) + β, α and s
+    # learned scalars, γ = 1 and β = 0 vectors of size d. Init α = 0.5 (DyT's default, from which the
+    # paper starts) and s = 0, as x-transformers' Derf(init_alpha=0.5, init_bias=0.). Like DyT, no
+    # statistics of x are computed: a drop-in for every norm (norm.type=derf).
+    def __init__(self, d: int, alpha_init: float = 0.5, shift_init: float = 0.0):
+        super().__init__()
+        self.d = d
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.shift = nn.Parameter(torch.tensor(float(shift_init)))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erf(self.alpha * x + self.shift) * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}"
+
+
 NORMS: dict[str, type[nn.Module]] = {
     "layernorm": nn.LayerNorm,
     "scalenorm": ScaleNorm,
     "rmsnorm": RMSNorm,
     "dyt": DyT,
+    "derf": Derf,
     "none": nn.Identity,
 }
 
@@ -78,6 +100,8 @@ def build_norm(cfg, d: int) -> nn.Module:
         return ScaleNorm(d, eps=cfg.eps, scale_init=cfg.scale_init)
     if cfg.type == "dyt":
         return DyT(d, alpha_init=cfg.dyt_alpha_init)
+    if cfg.type == "derf":
+        return Derf(d)
     if cfg.type == "none":
         return nn.Identity()
     return NORMS[cfg.type](d, eps=cfg.eps)

@@ -16,7 +16,8 @@ from torch import nn
 
 from typing import TYPE_CHECKING
 
-from normlab.model.attention import IncrementalCache, MultiheadAttention
+from normlab.model.attention import (FirstValues, IncrementalCache, MultiheadAttention, ValueResidual, build_qk_norm,
+                                     henry_scale_init)
 from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
@@ -65,8 +66,14 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     # every step by the schedule callback. p = 0: no module at all (nn.Identity).
     reg = cfg.regularizer
     drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
+    # QK-norm in every attention, self and cross, of both stacks (Henry et al. 2020 normalise all).
+    g0 = cfg.qk_norm_scale_init if cfg.qk_norm_scale_init is not None else henry_scale_init(cfg.max_positions)
+    qk_norm = build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps)
+    # Value residual (Zhou et al. 2024) in the self-attention of every layer of both stacks.
+    value_residual = ValueResidual() if cfg.value_residual and kind != "cross" else None
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
-                              drophead=drophead, inner_norm=_inner_norm(cfg, d, kind))
+                              drophead=drophead, inner_norm=_inner_norm(cfg, d, kind), qk_norm=qk_norm,
+                              value_residual=value_residual)
 
 
 def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
@@ -81,8 +88,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder", index)
         self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder", index)
 
-    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
-        h = self.self_attn(x, key_padding_mask=src_pad_mask)
+    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor, values: FirstValues | None = None) -> torch.Tensor:
+        h = self.self_attn(x, key_padding_mask=src_pad_mask, values=values)
         return self.ffn(h, layer_input=x)
 
 
@@ -95,8 +102,8 @@ class DecoderLayer(nn.Module):
         self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder", index)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
-                cache: IncrementalCache | None = None) -> torch.Tensor:
-        h = self.self_attn(x, causal=True, cache=cache)
+                cache: IncrementalCache | None = None, values: FirstValues | None = None) -> torch.Tensor:
+        h = self.self_attn(x, causal=True, cache=cache, values=values)
         h = self.cross_attn(h, memory, key_padding_mask=src_pad_mask, cache=cache)
         return self.ffn(h, layer_input=x)
 
@@ -107,6 +114,12 @@ def _positions(cfg: ModelConfig, d: int) -> nn.Module:
 
 
 class _Stack(nn.Module):
+    def first_values(self) -> dict:
+        # The value residual's V₁ travels from the first self-attention that runs to the later ones
+        # in an object new at every forward, passed down to the layers as `values=` (aggregation,
+        # LayerDrop and the residual blocks hand keyword arguments on untouched).
+        return {"values": FirstValues()} if self.value_residual else {}
+
     def residual_blocks(self, prefix: str) -> list[tuple[str, ResidualBlock]]:
         """[(name, block)] in forward order, names like enc.3.ffn. By index, not by iterating the
         layers: LayerDrop's list skips layers (and draws) when iterated in training."""
@@ -119,6 +132,7 @@ class Encoder(_Stack):
         super().__init__()
         d = cfg.d_model
         self.pad_id = cfg.pad_id
+        self.value_residual = cfg.value_residual
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
         self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
@@ -131,7 +145,7 @@ class Encoder(_Stack):
     def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
         x = self.stream_in(self.embed(src))  # (B, S, D); ResiDual: (2, B, S, D)
-        x = self.aggregation(self.layers, x, src_pad_mask)
+        x = self.aggregation(self.layers, x, src_pad_mask, **self.first_values())
         return self.final_norm(x), src_pad_mask
 
 
@@ -139,6 +153,7 @@ class Decoder(_Stack):
     def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
         super().__init__()
         d = cfg.decoder_d_model
+        self.value_residual = cfg.value_residual
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
         self.stream_in = get_scheme(cfg.norm.placement).stream_input()
         reg = cfg.regularizer
@@ -154,7 +169,7 @@ class Decoder(_Stack):
         # hides later positions; outputs at pad positions are ignored by the loss.
         offset = 0 if cache is None else cache.length
         x = self.stream_in(self.embed(tgt_in, offset))  # (B, T, D_dec); ResiDual: (2, B, T, D_dec)
-        x = self.aggregation(self.layers, x, memory, src_pad_mask, cache)
+        x = self.aggregation(self.layers, x, memory, src_pad_mask, cache, **self.first_values())
         if cache is not None:
             cache.length += tgt_in.size(1)
         return self.final_norm(x)
