@@ -47,7 +47,7 @@ def test_default_config_is_valid():
     ("callbacks.step_checkpoints.keep_last_n=-1", r"^callbacks\.step_checkpoints\.keep_last_n: -1 "),
     ("data=custom", r"^data\.train_src: no value given .*also missing: data\.train_tgt, data\.valid_src"),
     ("norm.placement=rezero", r"^norm\.type: layernorm with norm\.placement=rezero"),
-    ("model.layer_aggregation=dense", r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl\)$"),
+    ("model.layer_aggregation=dense", r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa\)$"),
     ("+norm.colour=red", r"^norm\.colour: not a norm option"),
 ])
 def test_invalid_values_name_the_key(override, pattern):
