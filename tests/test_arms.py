@@ -243,7 +243,14 @@ def test_fixnorm_output_scale_is_the_final_scalenorm_g_and_gets_a_gradient():
     (dict(layer_aggregation="dlcl", init="admin"), r"^model\.layer_aggregation: dlcl with init=admin: "),
     (dict(layer_aggregation="dlcl", regularizer={"decoder_layerdrop": 0.2}),
      r"^regularizer\.decoder_layerdrop: 0\.2 with model\.layer_aggregation=dlcl on the decoder"),
-    (dict(layer_aggregation="dense"), r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl\)$"),
+    # DenseFormer's DWA: each of these schemes has its own cross-layer connection; LayerDrop as DLCL
+    (dict(layer_aggregation="dwa", norm={"placement": "resi_dual"}),
+     r"^model\.layer_aggregation: dwa with norm\.placement=resi_dual: "),
+    (dict(layer_aggregation="dwa", norm={"placement": "b2t"}),
+     r"^model\.layer_aggregation: dwa with norm\.placement=b2t: "),
+    (dict(layer_aggregation="dwa", regularizer={"encoder_layerdrop": 0.1}),
+     r"^regularizer\.encoder_layerdrop: 0\.1 with model\.layer_aggregation=dwa on the encoder: .*DWA's"),
+    (dict(layer_aggregation="dense"), r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa\)$"),
     (dict(layer_aggregation="dlcl", layer_aggregation_stacks="middle"),
      r"^model\.layer_aggregation_stacks: 'middle' is not valid"),
 ])
@@ -257,6 +264,12 @@ def test_possible_combinations_build():
     tiny(layer_aggregation="dlcl", layer_aggregation_stacks="encoder", regularizer={"decoder_layerdrop": 0.2})
     tiny(norm={"placement": "rezero", "type": "none", "fixnorm": True}, layer_aggregation="dlcl")
     tiny(norm={"placement": "deepnorm", "type": "dyt"}, regularizer={"encoder_layerdrop": 0.3, "drophead": 0.2})
+    # DWA: LayerDrop on the other stack; Admin (its profile runs at init, where DWA is the identity);
+    # Mix-LN (DWA has one form for every block); ReZero without a norm
+    tiny(layer_aggregation="dwa", layer_aggregation_stacks="encoder", regularizer={"decoder_layerdrop": 0.2})
+    tiny(layer_aggregation="dwa", init="admin", norm={"placement": "post"})
+    tiny(layer_aggregation="dwa", norm={"placement": "mix", "mix_ratio": 0.5})
+    tiny(layer_aggregation="dwa", norm={"placement": "rezero", "type": "none"})
 
 
 ARMS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "arm").glob("*.yaml"))

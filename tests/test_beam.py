@@ -23,7 +23,8 @@ def tiny(V=11, **kw) -> ModelConfig:
 def model_of(seed=0, V=11, **kw) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
     model = Seq2SeqTransformer(tiny(V, **kw)).eval()
-    with torch.no_grad():  # Admin's ω starts at 1, ReZero's a at 0, DLCL's weights at the mean: make them matter
+    with torch.no_grad():  # Admin's ω starts at 1, ReZero's a at 0, DLCL's weights at the mean, DWA's
+        # at the identity: make them matter
         for name, p in model.named_parameters():
             if name.endswith("omega"):
                 p.uniform_(0.5, 2.0)
@@ -79,6 +80,8 @@ VARIANTS = {
     "b2t-layerdrop": dict(norm={"placement": "b2t"}, regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "dlcl-pre": dict(norm={"placement": "pre"}, layer_aggregation="dlcl"),
     "dlcl-post-decoder": dict(layer_aggregation="dlcl", layer_aggregation_stacks="decoder"),
+    "dwa-pre": dict(norm={"placement": "pre"}, layer_aggregation="dwa"),
+    "dwa-post-decoder": dict(layer_aggregation="dwa", layer_aggregation_stacks="decoder"),
     "untied-wider-decoder": dict(decoder_d_model=24, decoder_heads=3, share_embeddings=False,
                                  learned_positions=True),
 }

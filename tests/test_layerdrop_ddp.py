@@ -1,7 +1,7 @@
 """DDP equivalence: 2 CPU processes (gloo) with LayerDrop give the gradients of 1 process over the
 same global batch, skip the same layers, and need no find_unused_parameters; also for the residual
 schemes whose structure differs most (ResiDual's second stream, ReZero's zero-initialised scale,
-DLCL's weight matrix whose upper triangle is never used)."""
+DLCL's and DWA's weight matrices whose upper triangles are never used)."""
 import os
 import socket
 
@@ -21,7 +21,8 @@ V, STEPS = 31, 3
 CASES = {"uniform": (0.5, "uniform", {}), "learned": (0.5, "learned", {}), "all_skipped": (1.0, "uniform", {}),
          "resi_dual": (0.5, "uniform", {"norm": {"placement": "resi_dual"}}),
          "rezero": (0.5, "uniform", {"norm": {"placement": "rezero", "type": "none"}}),
-         "dlcl_sandwich": (0.0, "uniform", {"norm": {"placement": "sandwich"}, "layer_aggregation": "dlcl"})}
+         "dlcl_sandwich": (0.0, "uniform", {"norm": {"placement": "sandwich"}, "layer_aggregation": "dlcl"}),
+         "dwa_post": (0.0, "uniform", {"norm": {"placement": "post"}, "layer_aggregation": "dwa"})}
 RATES = tuple(CASES)
 
 

@@ -191,3 +191,18 @@ def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, t
         assert torch.equal(value, saved["model." + name]), name
     src = torch.tensor([tok.encode(["im anfang"])[0][:6] + [model.cfg.eos_id]])
     assert model(src, src[:, :3]).isfinite().all()
+
+
+def test_the_dwa_arm_trains_end_to_end(small_corpus, tmp_path_factory):
+    # +arm=dwa_pre (DenseFormer, Pagliardini et al. 2024; issue 20, item 2): trains a few steps,
+    # validates and checkpoints; α has left its identity init, its upper triangle unread and unchanged
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "+arm=dwa_pre", "trainer.max_steps=4")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 4
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    for stack in ("encoder", "decoder"):
+        alpha = state[f"model.{stack}.aggregation.weight"]
+        n = alpha.shape[0]
+        identity = torch.cat((torch.zeros(n, 1), torch.eye(n)), dim=1)
+        assert alpha.shape == (n, n + 1) and not torch.equal(alpha, identity)
+        assert alpha.triu(diagonal=2).eq(0).all()

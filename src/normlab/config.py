@@ -131,8 +131,8 @@ class ModelConfig:
     bos_id: int = 1
     eos_id: int = 2
     init: str = "xavier"  # xavier | admin (admin adds a trainable omega to every residual)
-    # How a stack combines its layers (model/aggregation.py): none | dlcl (Wang et al. 2019), on
-    # the encoder, the decoder or both.
+    # How a stack combines its layers (model/aggregation.py): none | dlcl (Wang et al. 2019) | dwa
+    # (DenseFormer, Pagliardini et al. 2024), on the encoder, the decoder or both.
     layer_aggregation: str = "none"
     layer_aggregation_stacks: str = "both"
     # QK-norm (model/attention.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
@@ -170,7 +170,7 @@ class ModelConfig:
                f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
         _choice("init.name", self.init, INITS)
         _choice("norm.placement", self.norm.placement, PLACEMENTS)
-        _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL
+        _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL, DWA
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
         _choice("model.qk_norm", self.qk_norm, QK_NORMS)
@@ -178,18 +178,21 @@ class ModelConfig:
                "L = model.max_positions", lambda v: v > 0, null=True)
         self.norm.validate()
         self.regularizer.validate()
-        if self.layer_aggregation == "dlcl":
-            self._check_dlcl()
+        if self.layer_aggregation != "none":
+            self._check_aggregation()
 
-    def _check_dlcl(self) -> None:
-        key = "model.layer_aggregation"
-        _check(self.init != "admin", key, "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
-                                          "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
+    def _check_aggregation(self) -> None:
+        # DLCL and DWA (model/aggregation.py); Admin's profile runs at init, where DWA is the identity,
+        # so each sub-layer reads the previous one's output as Admin assumes: only DLCL refuses it.
+        agg = self.layer_aggregation
+        _check(self.init != "admin" or agg != "dlcl", "model.layer_aggregation",
+               "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
+               "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
         for stack in ("encoder", "decoder"):
             p = getattr(self.regularizer, f"{stack}_layerdrop")
             _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"), f"regularizer.{stack}_layerdrop",
-                   f"{p} with model.layer_aggregation=dlcl on the {stack}: a dropped layer's slot in DLCL's weighted "
-                   "history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
+                   f"{p} with model.layer_aggregation={agg} on the {stack}: a dropped layer's slot in {agg.upper()}'s "
+                   "weighted history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

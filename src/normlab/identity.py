@@ -145,7 +145,8 @@ def init_label(init: Any) -> str:
 
 
 def aggregation_label(model: Any) -> str:
-    """none, dlcl, dlcl_encoder, dlcl_decoder (Wang et al. 2019's layer aggregation)."""
+    """none, dlcl, dlcl_encoder, dlcl_decoder (Wang et al. 2019's layer aggregation); dwa, dwa_encoder,
+    dwa_decoder (DenseFormer, Pagliardini et al. 2024)."""
     agg, stacks = model.get("layer_aggregation") or "none", model.get("layer_aggregation_stacks") or "both"
     return agg if agg == "none" or stacks == "both" else f"{agg}_{stacks}"
 
@@ -189,7 +190,7 @@ def labels(cfg: Any) -> dict[str, str]:
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
     agg = aggregation_label(c.get("model") or {})
     # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et
-    # al. 2020 call "Admin"; DLCL arms are dlcl_pre / dlcl_post (conf/arm/).
+    # al. 2020 call "Admin"; DLCL arms are dlcl_pre / dlcl_post, DenseFormer's dwa_pre (conf/arm/).
     arm = norm if init == "xavier" else (init if norm == "post_ln" else f"{norm}+{init}")
     if agg != "none":
         arm = f"{agg}_{arm.removesuffix('_ln')}"

@@ -1,5 +1,6 @@
-"""How a stack runs its layers: one after the other, or with DLCL's learned combination of all
-earlier outputs (Wang et al. 2019, "Learning Deep Transformer Models for Machine Translation").
+"""How a stack runs its layers: one after the other, with DLCL's learned combination of all
+earlier outputs (Wang et al. 2019, "Learning Deep Transformer Models for Machine Translation"), or
+with DenseFormer's depth-weighted average after each layer (Pagliardini et al. 2024).
 
 The stack owns its layers (`stack.layers`, a ModuleList that LayerDrop may replace) and calls
 `stack.aggregation(stack.layers, x, *args)`; the aggregation iterates them, so LayerDrop's
@@ -21,6 +22,28 @@ layer and Mix-LN mixes both forms: none combines with DLCL (their schemes refuse
 LayerDrop: a dropped layer's slot in the weighted history is not defined by either paper. Pruning a
 DLCL stack removes the layer from the history: `subset(keep)` keeps W's rows and columns (and
 norms) of the kept layers.
+
+DWA (model.layer_aggregation=dwa, same stacks): DenseFormer's depth-weighted average (Pagliardini
+et al. 2024, "DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted
+Averaging"; epfml/DenseFormer, DWAModules). x_0 is the stack input, y_i = layer_i(x'_{i-1}) with
+x'_0 = x_0, and after every layer i = 1..L
+  x'_i = α[i-1, 0]·x_0 + Σ_{1≤j≤i} α[i-1, j]·y_j,
+α a learned L×(L+1) matrix initialised to the identity (α[i-1, i] = 1, the rest 0, as the authors'
+`_init_weights`), so an untrained DWA stack is the plain stack, exactly. x'_L goes to the final
+norm. It differs from DLCL in three ways: it averages the raw layer outputs (no per-layer norm,
+whatever the placement: DenseFormer's blocks are pre-LN and it stores their outputs as they are),
+it starts as the identity, not the average, and it has no row for the first layer's input. The
+paper's dilation k (average only over every k-th earlier output) and period p (average only after
+every p-th layer) trade a little perplexity for speed in deep LMs; this is the plain 1x1
+DenseFormer (k = p = 1). It is defined per stack (the paper is decoder-only); the decoder's average
+is per position, so cached incremental decoding needs nothing. LayerDrop is refused as for DLCL:
+neither paper defines a dropped layer's slot, and LayerDrop's iterator hides which layers ran, so
+the rows read would be the wrong ones. Pruning keeps the kept layers' rows (the averages after
+them) and columns (their outputs): a pruned layer leaves the history, which is what skipping it
+means here (tests/test_aggregation_dwa.py).
+ResiDual (a second stream) and B2T (a layer adds its own input past its sub-layers) carry their own
+cross-layer connection: DWA refuses them (their scheme's `no_dwa`); every other scheme's block output is one
+stream, which DWA averages.
 """
 from __future__ import annotations
 
@@ -33,7 +56,7 @@ from torch import nn
 from normlab.model.norms import build_norm
 from normlab.model.schemes import get_scheme
 
-AGGREGATIONS = ("none", "dlcl")
+AGGREGATIONS = ("none", "dlcl", "dwa")
 AGGREGATION_STACKS = ("encoder", "decoder", "both")
 
 
@@ -46,6 +69,18 @@ class LayerChain(nn.Module):
 
     def subset(self, keep: Sequence[int]) -> "LayerChain":
         return self
+
+
+def weighted_sum(w: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
+    # Σ_k w[k]·history[k] in one contraction: (K,) · (K, B, T, D) -> (B, T, D). With w one-hot (DWA's
+    # init) every other product is ±0, so the sum is the chosen entry bit for bit.
+    return torch.tensordot(w, torch.stack(history), dims=1)
+
+
+def _kept(weight: torch.Tensor, rows: list[int], cols: list[int]) -> nn.Parameter:
+    # The kept rows and columns of an aggregation matrix, a fresh parameter (pruning).
+    idx_r, idx_c = torch.tensor(rows), torch.tensor(cols)
+    return nn.Parameter(weight.detach()[idx_r][:, idx_c].clone())
 
 
 class DLCL(nn.Module):
@@ -65,14 +100,13 @@ class DLCL(nn.Module):
 
     def _combine(self, history: list[torch.Tensor]) -> torch.Tensor:
         row = len(history) - 1
-        w = self.weight[row, : row + 1]  # (row+1,)
-        out = torch.tensordot(w, torch.stack(history), dims=1)  # (row+1,) · (row+1, B, T, D) -> (B, T, D)
+        out = weighted_sum(self.weight[row, : row + 1], history)
         return out if self.pre or row == 0 else self.norms[row - 1](out)
 
     def subset(self, keep: Sequence[int]) -> "DLCL":
-        idx = torch.tensor([0] + [k + 1 for k in keep])  # y_0 and the kept layers' outputs
+        idx = [0] + [k + 1 for k in keep]  # y_0 and the kept layers' outputs
         new = copy.deepcopy(self)
-        new.weight = nn.Parameter(self.weight.detach()[idx][:, idx].clone())
+        new.weight = _kept(self.weight, idx, idx)
         new.norms = nn.ModuleList(new.norms[k] for k in keep)
         return new
 
@@ -80,8 +114,38 @@ class DLCL(nn.Module):
         return f"layers={len(self.norms)}, pre={self.pre}"
 
 
+class DWA(nn.Module):
+    # DenseFormer's depth-weighted average (module docstring): x'_i = Σ_{j≤i} α[i-1, j]·x_j.
+    def __init__(self, n_layers: int):
+        super().__init__()
+        w = torch.zeros(n_layers, n_layers + 1)
+        w[:, 1:] = torch.eye(n_layers)  # α[i-1, i] = 1: the identity (the authors' init)
+        # A bare Parameter, not an nn.Linear: the model's Xavier init (initialization.py) passes it
+        # by, which the authors' README warns their nn.Linear weights need re-initialising after.
+        self.weight = nn.Parameter(w)  # (L, L+1), row i-1 read after layer i, lower-triangular
+
+    def forward(self, layers: nn.ModuleList, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        history = [x]  # x_0, then the raw layer outputs y_1 .. y_i (never the averages)
+        for i, layer in enumerate(layers):
+            history.append(layer(x, *args, **kwargs))
+            x = weighted_sum(self.weight[i, : i + 2], history)
+        return x
+
+    def subset(self, keep: Sequence[int]) -> "DWA":
+        new = copy.deepcopy(self)
+        new.weight = _kept(self.weight, list(keep), [0] + [k + 1 for k in keep])
+        return new
+
+    def extra_repr(self) -> str:
+        return f"layers={self.weight.shape[0]}"
+
+
 def build_aggregation(cfg, stack: str, n_layers: int, d: int) -> nn.Module:
     # cfg: a ModelConfig; stack: "encoder" or "decoder".
-    if cfg.layer_aggregation == "dlcl" and cfg.layer_aggregation_stacks in (stack, "both"):
+    if cfg.layer_aggregation_stacks not in (stack, "both"):
+        return LayerChain()
+    if cfg.layer_aggregation == "dlcl":
         return DLCL(n_layers, d, cfg.norm, pre=get_scheme(cfg.norm.placement).pre_like)
+    if cfg.layer_aggregation == "dwa":
+        return DWA(n_layers)
     return LayerChain()

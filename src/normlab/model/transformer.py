@@ -2,8 +2,9 @@
 
 Norm type and placement are injected through ResidualBlock (residual.py) and its scheme
 (schemes/); layers sit in an `nn.ModuleList` called `layers`, run by the stack's `aggregation`
-(aggregation.py: one after the other, or DLCL) with `for layer in layers`, so LayerDrop (Fan et al.
-2019) can swap in a ModuleList whose iterator skips layers without touching the loops. A stack is:
+(aggregation.py: one after the other, DLCL or DenseFormer's DWA) with `for layer in layers`, so
+LayerDrop (Fan et al. 2019) can swap in a ModuleList whose iterator skips layers without touching
+the loops. A stack is:
 embed -> stream_in (identity, or ResiDual's second stream) -> layers -> final_norm (the scheme's).
 """
 from __future__ import annotations

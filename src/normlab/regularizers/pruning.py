@@ -21,9 +21,9 @@ data_driven: the layers with the smallest learned drop rates p_d (LayerDrop with
 prune(model, keep_encoder, keep_decoder) is module surgery: a deep copy whose stacks hold only the
 kept layers (any subset, in their original order) and whose ModelConfig has the new depths, so it
 saves and loads like any checkpoint; its forward equals the original's with the other layers
-skipped, exactly (same modules, same order; the skipped ones are identities). A DLCL stack
-(model/aggregation.py) keeps the weights of the kept layers' outputs: the pruned layers leave its
-weighted history.
+skipped, exactly (same modules, same order; the skipped ones are identities). A DLCL or DWA
+stack (model/aggregation.py) keeps the weights of the kept layers' outputs: the pruned layers leave
+its weighted history.
 """
 from __future__ import annotations
 
@@ -131,6 +131,6 @@ def prune(model: nn.Module, keep_encoder: Sequence[int], keep_decoder: Sequence[
     keep_encoder, keep_decoder = sorted(keep_encoder), sorted(keep_decoder)
     for stack, keep in ((new.encoder, keep_encoder), (new.decoder, keep_decoder)):
         stack.layers = _subset(stack.layers, keep)
-        stack.aggregation = stack.aggregation.subset(keep)  # DLCL: the kept layers' rows and columns
+        stack.aggregation = stack.aggregation.subset(keep)  # DLCL, DWA: the kept layers' rows and columns
     new.cfg = dataclasses.replace(model.cfg, encoder_layers=len(keep_encoder), decoder_layers=len(keep_decoder))
     return new.train(model.training)  # the new lists are created in training mode

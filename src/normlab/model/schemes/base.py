@@ -21,6 +21,7 @@ class Scheme:
     admin = False  # Admin's ω on the skip (Liu et al. 2020) is defined for post-norm only
     scale_cross = False  # whether the initial branch scaling includes cross-attention
     no_dlcl = ""  # why the scheme refuses DLCL (model.layer_aggregation=dlcl); "" = it takes it
+    no_dwa = ""  # why it refuses DenseFormer's DWA (model.layer_aggregation=dwa); "" = it takes it
     mix_ratio = False  # whether it reads norm.mix_ratio (Mix-LN alone)
 
     def __init_subclass__(cls, **kwargs):
@@ -101,6 +102,8 @@ class Scheme:
                     "(Liu et al. 2020); set norm.placement=post")
         if self.no_dlcl and cfg.layer_aggregation == "dlcl":
             return ("model.layer_aggregation", f"dlcl with norm.placement={self.name}: {self.no_dlcl}")
+        if self.no_dwa and cfg.layer_aggregation == "dwa":
+            return ("model.layer_aggregation", f"dwa with norm.placement={self.name}: {self.no_dwa}")
         return None
 
 

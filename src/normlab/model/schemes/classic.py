@@ -143,6 +143,9 @@ class ResiDual(Scheme):
     ends with x·1.0 + LN(res) (their LayerNorm eps 1e-7; here norm.eps)."""
     name, paper = "resi_dual", "Xie et al. 2023"
     no_dlcl = "ResiDual's dual stream is its own cross-layer connection; choose one"
+    # DenseFormer averages one stream of layer outputs (Pagliardini et al. 2024); ResiDual has two
+    no_dwa = ("the scheme has its own cross-layer connection (a second stream or a skip over the layer); "
+              "choose one")
 
     def forward(self, block, x, *args, **kwargs):
         x, dual = x.unbind(0)  # (B, T, D) each

@@ -29,6 +29,10 @@ class B2T(Post):
     # over its sub-layers: two answers to post-norm's vanishing gradient (Wang et al. 2019; Takase
     # et al. 2023) whose combination neither paper defines.
     no_dlcl = "B2T's bottom-to-top skip and DLCL are two different cross-layer connections; choose one"
+    # its layer adds its own input past its sub-layers: a cross-layer connection DenseFormer neither
+    # defines a combination with nor needs
+    no_dwa = ("the scheme has its own cross-layer connection (a second stream or a skip over the layer); "
+              "choose one")
 
     def last_forward(self, block, x, layer_input, *args, **kwargs):
         out = block.sublayer(x, *args, **kwargs)
