@@ -163,3 +163,14 @@ def test_text_and_preprocessed_corpora_batch_alike_by_default():
         pre = compose(config_name="config", overrides=["data=preprocessed", "data.path=/d/x"]).data
     for key in ("max_tokens", "eval_max_tokens", "max_positions", "seed", "num_workers"):
         assert text[key] == pre[key], key
+
+
+def test_attention_options_are_in_the_names_and_arm_labels():
+    """QK-norm and the value residual change what a run is: its name and arm label say so (a run
+    without them is named as before: see the pins above)."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        qk = compose(config_name="config", overrides=["+arm=pre_qk_norm"])
+        vr = compose(config_name="config", overrides=["+arm=pre_value_residual", "model.qk_norm=rms"])
+    assert identity.run_name(qk).startswith("bible_de_en-pre_ln-xavier-qk_l2-none-e3d3-s1-")
+    assert identity.labels(qk)["arm"] == "pre_ln+qk_l2" and identity.labels(vr)["arm"] == "pre_ln+qk_rms+vres"
+    assert identity.run_name(vr).startswith("bible_de_en-pre_ln-xavier-qk_rms+vres-none-e3d3-s1-")

@@ -68,6 +68,9 @@ def test_studies_share_identical_arms(tmp_path):
     scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm"), tmp_path, tmp_path)}
     prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
     assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
+    deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu"), tmp_path, tmp_path)}
+    recent = {j.tag: j.run_name for j in plan(load_study("deep_recent"), tmp_path, tmp_path)}
+    assert deep["pre_ln seed 2"] == recent["pre_ln seed 2"] and deep["post_ln seed 1"] == recent["post_ln seed 1"]
 
 
 def test_run_names_of_started_studies_are_pinned(tmp_path):

@@ -184,6 +184,13 @@ def data_label(data: Any) -> str:
     return p.parent.name if stem.lower() in GENERIC_STEMS and p.parent.name else stem
 
 
+def attention_label(model: Any) -> str:
+    """What the attention adds to its scheme (issue 20): QK-norm (qk_l2, qk_rms) and the value
+    residual (vres), "+"-joined; "none" for today's attention (so no earlier run's name changes)."""
+    parts = [f"qk_{model['qk_norm']}"] if model.get("qk_norm") not in (None, "none") else []
+    return "+".join(parts + (["vres"] if model.get("value_residual") else [])) or "none"
+
+
 def labels(cfg: Any) -> dict[str, str]:
     """Row values for the report and W&B tags, from resolved values."""
     c = plain(cfg)
@@ -194,8 +201,11 @@ def labels(cfg: Any) -> dict[str, str]:
     arm = norm if init == "xavier" else (init if norm == "post_ln" else f"{norm}+{init}")
     if agg != "none":
         arm = f"{agg}_{arm.removesuffix('_ln')}"
+    attention = attention_label(c.get("model") or {})
+    if attention != "none":  # conf/arm/pre_qk_norm, pre_value_residual: pre_ln+qk_l2, pre_ln+vres
+        arm = f"{arm}+{attention}"
     schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
-    return {"norm": norm, "init": init, "aggregation": agg,
+    return {"norm": norm, "init": init, "aggregation": agg, "attention": attention,
             "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm,
             "data": data_label(c.get("data"))}
 
@@ -208,7 +218,7 @@ def run_name(cfg: Any) -> str:
         readable = str(given)
     else:
         lab, m = labels(c), c.get("model") or {}
-        agg = "" if lab["aggregation"] == "none" else f"-{lab['aggregation']}"
+        agg = "".join(f"-{lab[k]}" for k in ("aggregation", "attention") if lab[k] != "none")
         readable = (f"{lab['data']}-{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
     return f"{_safe(readable)}-{identity_hash(c)}"
