@@ -194,6 +194,22 @@ def test_hybrid_stacks_end_in_a_norm_and_every_parameter_trains():
     assert not any(n.endswith("self_attn.norm.weight") or n.endswith("cross_attn.norm.weight") for n in m.state_dict())
 
 
+def test_hybrid_cache_holds_normalised_keys_and_values_and_decodes_exactly():
+    # Norm gains and biases away from 1 and 0: normalising the cached prefix a second time would show.
+    torch.manual_seed(0)
+    m = randomise_(Seq2SeqTransformer(model_cfg("hybrid"))).eval()
+    src, tgt = batch()
+    memory, pad = m.encode(src)
+    cache = m.new_cache()
+    steps = torch.cat([m.decode(tgt[:, i:i + 1], memory, pad, cache) for i in range(tgt.size(1))], dim=1)
+    torch.testing.assert_close(steps, m.decode(tgt, memory, pad))
+    layer = m.decoder.layers[0]
+    for attn, source in ((layer.self_attn.sublayer, m.decoder.embed(tgt)), (layer.cross_attn.sublayer, memory)):
+        state = cache.source_state(attn) if attn.kind == "cross" else cache.state(attn)
+        torch.testing.assert_close(state["k"], attn.qkv_norm.k_norm(attn._split(attn.k_proj(source))))
+        torch.testing.assert_close(state["v"], attn.qkv_norm.v_norm(attn._split(attn.v_proj(source))))
+
+
 def test_other_placements_have_no_qkv_norm():
     m = Seq2SeqTransformer(model_cfg("pre", qk_norm="rms"))
     assert all(a.qkv_norm is None for a in m.modules() if isinstance(a, MultiheadAttention))
