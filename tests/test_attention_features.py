@@ -261,6 +261,7 @@ FEATURES.update({
     "value_residual_b2t": dict(value_residual=True, qk_norm="rms", norm={"placement": "b2t"}),
     "value_residual_mix": dict(value_residual=True, norm={"placement": "mix", "mix_ratio": 0.5}),
     "value_residual_pre_scaled": dict(value_residual=True, norm={"placement": "pre_scaled"}),
+    "value_residual_hybrid": dict(value_residual=True, norm={"placement": "hybrid", "type": "rmsnorm"}),
 })
 
 

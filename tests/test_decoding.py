@@ -27,9 +27,10 @@ VARIANTS = [
     dict(norm={"placement": "pre", "type": "scalenorm", "fixnorm": True}),
     dict(decoder_d_model=24, decoder_heads=3, share_embeddings=False, learned_positions=True),
 ]
+HYBRID = [dict(norm={"placement": "hybrid"}, decoder_d_model=24, decoder_heads=3, share_embeddings=False)]  # QKV-norm
 
 
-@pytest.mark.parametrize("kw", VARIANTS)
+@pytest.mark.parametrize("kw", VARIANTS + HYBRID)
 def test_step_by_step_cached_decode_equals_full_decode(kw):
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny(**kw)).eval()
@@ -64,7 +65,7 @@ def test_cache_reorder_follows_the_batch():
     torch.testing.assert_close(rest, full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kw", VARIANTS[::2])
+@pytest.mark.parametrize("kw", VARIANTS[::2] + HYBRID)
 def test_hypotheses_share_the_memory_row_of_their_source(kw):
     # Beam search keeps memory and cross-attention keys/values once per sentence; G hypotheses per
     # sentence must decode exactly as with the memory repeated G times.
@@ -109,7 +110,7 @@ def naive_greedy(model, src, max_len_a, max_len_b, min_len):
     return results
 
 
-@pytest.mark.parametrize("kw", VARIANTS[:2])
+@pytest.mark.parametrize("kw", VARIANTS[:2] + HYBRID)
 def test_greedy_equals_uncached_reference(kw):
     torch.manual_seed(2)
     model = Seq2SeqTransformer(tiny(**kw)).train()

@@ -88,6 +88,7 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "dwa": {"layer_aggregation": "dwa"},
         "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
         "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}},
+        "hybrid": {"norm": {"placement": "hybrid", "type": "scalenorm"}},
         "derf_qk_value_residual": {"norm": {"placement": "pre", "type": "derf"}, "qk_norm": "l2",
                                    "qk_norm_scale_init": 3.0, "value_residual": True}}
 
@@ -118,6 +119,9 @@ def test_diagnostics_and_probe_see_every_block_of_every_scheme(arm):
         assert [stats[f"diag/{n}/a"] for n in names] == [0.5] * len(names)
     if arm == "dyt":
         assert stats["diag/enc.0.ffn/dyt_alpha"] == 0.5
+    if arm == "hybrid":  # the attention blocks' norms are inside the attention (QKV-norm): g on the FFNs'
+        assert {k.split("/")[1] for k in stats if k.endswith("/g")} == {n for n in names if n.endswith("ffn")} | {
+            "enc.final", "dec.final"}
     if arm == "derf_qk_value_residual":
         assert (stats["diag/enc.0.ffn/derf_alpha"], stats["diag/enc.0.ffn/derf_shift"]) == (0.5, 0.0)
         assert [stats[f"diag/{n}/qk_g"] for n in names if "attn" in n] == [3.0] * (2 + 2 * 2)

@@ -199,6 +199,7 @@ NEW_LABELS = {
     ("reordered", "layernorm", False): "reordered", ("reordered", "dyt", False): "reordered_dyt",
     ("pre_scaled", "layernorm", False): "pre_scaled", ("pre_scaled", "rmsnorm", False): "pre_scaled_rmsnorm",
     ("mix", "layernorm", False): "mix", ("mix", "rmsnorm", False): "mix_rmsnorm",
+    ("hybrid", "layernorm", False): "hybrid", ("hybrid", "rmsnorm", False): "hybrid_rmsnorm",
 }
 
 

@@ -3,12 +3,17 @@ weights, its refused combinations, LayerDrop (a skipped layer is the identity; t
 the pruned model) and pruning that keeps what each layer trained with, through save and load.
 Cached == uncached decoding: tests/test_beam.py; diagnostics: tests/test_diagnostics.py; a tiny
 training run: tests/test_norm_runs.py."""
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from normlab.checkpoint import load_model, save_model
 from normlab.config import ConfigError, ModelConfig
+from normlab.model.attention import MultiheadAttention, QKVNorm
+from normlab.model.norms import RMSNorm
 from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from normlab.regularizers.pruning import prune
@@ -16,7 +21,7 @@ from normlab.regularizers.pruning import prune
 from test_arms import batch, norm, randomise_, tiny
 
 D = 8
-NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}, "mix": {}}  # placement -> extra norm settings of the model-level tests
+NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}, "mix": {}, "hybrid": {}}  # placement -> extra norm settings of the model-level tests
 
 
 def block(placement: str, f: nn.Module, n: nn.Module, **state) -> ResidualBlock:
@@ -129,6 +134,96 @@ def test_mix_layers_keep_their_choice_through_pruning_save_and_load(tmp_path):
             assert [l.ffn.post_norm_layer for l in stack.layers] == [True, False]
 
 
+# ---- HybridNorm (Zhuo et al. 2025) ------------------------------------------------------------------
+def test_hybrid_ffn_block_normalises_its_input_and_its_skip():
+    f, n, x = linear(1), norm(2), fixed(3, 2, 3, D)
+    torch.testing.assert_close(block("hybrid", f, n)(x), n(x) + f(n(x)))
+    torch.testing.assert_close(block("hybrid", f, n)(x, layer_input=fixed(4, 2, 3, D)), n(x) + f(n(x)))
+
+
+def attention_by_hand(attn: MultiheadAttention, x, memory=None, pad=None, causal=False):
+    # softmax(N(Q)N(K)ᵀ/√Dh)N(V) per head, from the module's weights, without its code path.
+    heads, dh = attn.num_heads, attn.head_dim
+    kv = x if memory is None else memory
+    split = lambda t: t.unflatten(-1, (heads, dh)).transpose(1, 2)  # (B, H, T, Dh)
+    qkv = attn.qkv_norm
+    q = qkv.q_norm(split(x @ attn.q_proj.weight.T + attn.q_proj.bias))
+    k = qkv.k_norm(split(kv @ attn.k_proj.weight.T + attn.k_proj.bias))
+    v = qkv.v_norm(split(kv @ attn.v_proj.weight.T + attn.v_proj.bias))
+    logits = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (B, H, T, S)
+    if pad is not None:
+        logits = logits.masked_fill(pad[:, None, None, :], float("-inf"))
+    if causal:
+        logits = logits.masked_fill(torch.ones(x.size(1), kv.size(1), dtype=torch.bool).triu(1), float("-inf"))
+    out = (logits.softmax(-1) @ v).transpose(1, 2).flatten(2)  # (B, T, D)
+    return out @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+def ffn_by_hand(ffn, x):
+    return F.relu(x @ ffn.fc1.weight.T + ffn.fc1.bias) @ ffn.fc2.weight.T + ffn.fc2.bias
+
+
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
+def test_hybrid_encoder_and_decoder_layers_are_the_papers_formula(norm_type):
+    # Fig. 1(d): h = N(x + Attn_QKV(x)), out = h + FFN(h); in the decoder h after self- and cross-attention.
+    cfg = model_cfg("hybrid", d_model=D, decoder_d_model=D, norm={"type": norm_type})
+    torch.manual_seed(0)
+    enc = randomise_(EncoderLayer(cfg, D, 2, 12)).eval()
+    x = fixed(5, 2, 4, D)
+    pad = torch.tensor([[False] * 4, [False, False, False, True]])
+    attn, ffn = residuals(enc)
+    assert isinstance(attn.norm, nn.Identity) and isinstance(attn.sublayer.qkv_norm, QKVNorm)
+    assert isinstance(ffn.norm, nn.LayerNorm if norm_type == "layernorm" else RMSNorm)
+    assert ffn.norm.weight.shape == (D,) and attn.sublayer.qkv_norm.v_norm.weight.shape == (D // 2,)  # per head
+    h = ffn.norm(x + attention_by_hand(attn.sublayer, x, pad=pad))
+    torch.testing.assert_close(enc(x, pad), h + ffn_by_hand(ffn.sublayer, h))
+    dec = randomise_(DecoderLayer(cfg, D, 2, 12, memory_dim=D)).eval()
+    memory, y = fixed(6, 2, 4, D), fixed(7, 2, 3, D)
+    self_attn, cross, ffn = residuals(dec)
+    h = y + attention_by_hand(self_attn.sublayer, y, causal=True)
+    h = ffn.norm(h + attention_by_hand(cross.sublayer, h, memory, pad=pad))
+    torch.testing.assert_close(dec(y, memory, pad), h + ffn_by_hand(ffn.sublayer, h))
+
+
+def test_hybrid_stacks_end_in_a_norm_and_every_parameter_trains():
+    m = Seq2SeqTransformer(model_cfg("hybrid", norm={"type": "rmsnorm"}))
+    assert type(m.encoder.final_norm) is type(m.decoder.final_norm) is RMSNorm
+    src, tgt = batch()
+    m(src, tgt).logsumexp(-1).mean().backward()
+    assert [n for n, p in m.named_parameters() if p.grad is None] == []  # no unused norm (DDP)
+    assert not any(n.endswith("self_attn.norm.weight") or n.endswith("cross_attn.norm.weight") for n in m.state_dict())
+
+
+def test_hybrid_cache_holds_normalised_keys_and_values_and_decodes_exactly():
+    # Norm gains and biases away from 1 and 0: normalising the cached prefix a second time would show.
+    torch.manual_seed(0)
+    m = randomise_(Seq2SeqTransformer(model_cfg("hybrid"))).eval()
+    src, tgt = batch()
+    memory, pad = m.encode(src)
+    cache = m.new_cache()
+    steps = torch.cat([m.decode(tgt[:, i:i + 1], memory, pad, cache) for i in range(tgt.size(1))], dim=1)
+    torch.testing.assert_close(steps, m.decode(tgt, memory, pad))
+    layer = m.decoder.layers[0]
+    for attn, source in ((layer.self_attn.sublayer, m.decoder.embed(tgt)), (layer.cross_attn.sublayer, memory)):
+        state = cache.source_state(attn) if attn.kind == "cross" else cache.state(attn)
+        torch.testing.assert_close(state["k"], attn.qkv_norm.k_norm(attn._split(attn.k_proj(source))))
+        torch.testing.assert_close(state["v"], attn.qkv_norm.v_norm(attn._split(attn.v_proj(source))))
+
+
+def test_other_placements_have_no_qkv_norm():
+    m = Seq2SeqTransformer(model_cfg("pre", qk_norm="rms"))
+    assert all(a.qkv_norm is None for a in m.modules() if isinstance(a, MultiheadAttention))
+    assert not any(isinstance(a, QKVNorm) for a in m.modules())
+
+
+def test_qkv_norm_and_qk_norm_are_refused_together_in_the_module():
+    from normlab.config import NormConfig
+    from normlab.model.attention import RMSQKNorm
+
+    with pytest.raises(ValueError, match="QKV-norm"):
+        MultiheadAttention(D, 2, inner_norm=QKVNorm(NormConfig(), D), qk_norm=RMSQKNorm(D // 2, 1e-5))
+
+
 # ---- every new scheme ---------------------------------------------------------------------------
 REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
            ("b2t", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=b2t"),
@@ -137,7 +232,12 @@ REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
            ("mix", dict(init="admin"), "init: admin with norm.placement=mix"),
            ("mix", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=mix"),
            ("mix", dict(norm={"mix_ratio": 1.5}), "norm.mix_ratio: 1.5 is not valid"),
-           ("pre", dict(norm={"mix_ratio": 0.5}), "norm.mix_ratio: 0.5 with norm.placement=pre")]
+           ("pre", dict(norm={"mix_ratio": 0.5}), "norm.mix_ratio: 0.5 with norm.placement=pre"),
+           ("hybrid", dict(init="admin"), "init: admin with norm.placement=hybrid"),
+           ("hybrid", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=hybrid"),
+           ("hybrid", dict(qk_norm="rms"), "model.qk_norm: rms with norm.placement=hybrid"),
+           ("hybrid", dict(qk_norm="l2"), "model.qk_norm: l2 with norm.placement=hybrid"),
+           ("hybrid", dict(norm={"type": "none"}), "norm.type: none with norm.placement=hybrid")]
 
 
 @pytest.mark.parametrize("placement, kw, message", REFUSED)

@@ -11,7 +11,9 @@ Optional behaviour is injected as modules that default to nn.Identity (torchtune
 normlab.regularizers.drophead), `inner_norm` on the merged heads (B, T, D) before the output
 projection (Sub-LN, Wang et al. 2022), `qk_norm` on the per-head queries and keys (QK-norm, Henry
 et al. 2020; model.qk_norm, see L2QKNorm and RMSQKNorm), `value_residual` on a self-attention's
-values (Zhou et al. 2024; model.value_residual, see ValueResidual).
+values (Zhou et al. 2024; model.value_residual, see ValueResidual). HybridNorm's QKV-norm (Zhuo et al.
+2025; norm.placement=hybrid, see QKVNorm) reaches the module as its scheme's `inner_norm` and acts on
+the per-head queries, keys and values instead of the merged heads.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.model.norms import RMSNorm
+from normlab.model.norms import RMSNorm, build_norm
 
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
 # drophead_encoder_self / drophead_decoder_self / drophead_cross), Admin's export needs to know
@@ -99,6 +101,38 @@ class RMSQKNorm(nn.Module):
         return self.k_norm(k)
 
 
+class QKVNorm(nn.Module):
+    # HybridNorm's QKV-norm (Zhuo et al. 2025, arXiv 2503.04598, Fig. 1(d)): softmax(N(Q)N(K)ᵀ/√d_head)N(V),
+    # q, k and v each normalised by its own norm of norm.type (build_norm). Per head, over each head's
+    # Dh features with one gain vector of size Dh per q, k, v shared by the heads, as the authors' code
+    # (BryceZhuo/HybridNorm, dense_model/olmo/model.py: use_query_norm/use_key_norm/use_value_norm
+    # build norms of size d_model // n_heads, applied after the split into heads, before the cache).
+    # The scheme hands it over as the attention's `inner_norm(norm_cfg, d, kind)` with d = d_model, not
+    # knowing the heads: the attention builds the norms, `for_heads(head_dim)`, when it takes it.
+    sdpa_scale = None  # SDPA's default, 1/√d_head, as the paper's attention
+
+    def __init__(self, norm_cfg, d: int):
+        super().__init__()
+        self.norm_cfg, self.d = norm_cfg, d
+
+    def for_heads(self, head_dim: int) -> "QKVNorm":
+        self.q_norm, self.k_norm, self.v_norm = (build_norm(self.norm_cfg, head_dim) for _ in range(3))
+        del self.norm_cfg
+        return self
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return self.q_norm(q)  # (B, H, T, Dh)
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return self.k_norm(k)
+
+    def value(self, v: torch.Tensor) -> torch.Tensor:
+        return self.v_norm(v)
+
+    def extra_repr(self) -> str:
+        return "q, k, v per head"
+
+
 def henry_scale_init(length: int) -> float:
     # Henry et al. 2020: g₀ = log₂(L² − L) for sequences of L tokens.
     return math.log2(length * length - length)
@@ -167,8 +201,12 @@ class MultiheadAttention(nn.Module):
         self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.drophead = drophead if drophead is not None else nn.Identity()
-        self.inner_norm = inner_norm if inner_norm is not None else nn.Identity()
+        qkv_norm = inner_norm if isinstance(inner_norm, QKVNorm) else None  # HybridNorm's, on q, k, v
+        self.inner_norm = inner_norm if inner_norm is not None and qkv_norm is None else nn.Identity()
+        if qkv_norm is not None and qk_norm is not None:
+            raise ValueError("QKV-norm (HybridNorm) already normalises q and k: no QK-norm beside it")
         self.qk_norm = qk_norm  # None: q·k/√d_head as always (no module, so no state-dict key)
+        self.qkv_norm = None if qkv_norm is None else qkv_norm.for_heads(self.head_dim)  # None: likewise
         if value_residual is not None and kind == "cross":
             raise ValueError(f"value residual is for self-attention, not kind={kind!r}")
         self.value_residual = value_residual  # None: the values as projected
@@ -187,7 +225,7 @@ class MultiheadAttention(nn.Module):
         if G > 1:  # G hypotheses per source row (beam search): their queries share the source's keys
             q = q.view(-1, G, self.num_heads, T, self.head_dim).transpose(1, 2).flatten(2, 3)  # (B/G, H, G·T, Dh)
         attn_mask, is_causal = _attention_mask(key_padding_mask, causal, q.size(2), k.size(2), x.device)
-        scale = None if self.qk_norm is None else self.qk_norm.sdpa_scale  # None: SDPA's 1/√d_head
+        scale = None if self._qk_norm() is None else self._qk_norm().sdpa_scale  # None: SDPA's 1/√d_head
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                              dropout_p=self.dropout if self.training else 0.0, scale=scale)
         if G > 1:
@@ -198,14 +236,18 @@ class MultiheadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.embed_dim)  # (B, T, D)
         return self.out_proj(self.inner_norm(out))
 
+    def _qk_norm(self) -> nn.Module | None:
+        # What normalises q and k: QK-norm, or HybridNorm's QKV-norm (never both), or None.
+        return self.qk_norm if self.qk_norm is not None else self.qkv_norm
+
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     def _qkv(self, x, memory, cache, values=None):
         # QK-norm acts per position, so keys are normalised once, when computed, and cached normalised:
-        # a cached step sees the same keys as the whole sequence at once.
-        qk = self.qk_norm
+        # a cached step sees the same keys as the whole sequence at once; QKV-norm's values likewise.
+        qk, qkv = self._qk_norm(), self.qkv_norm
         if memory is not None:
             # Cross-attention: the encoder's keys/values depend only on the source, so a cache
             # computes them at the first step, once per source row, and reuses them for every later
@@ -218,12 +260,15 @@ class MultiheadAttention(nn.Module):
             k, v = _fused(memory, self.k_proj, self.v_proj)
             k, v = self._split(k), self._split(v)
             k = k if qk is None else qk.key(k)
+            v = v if qkv is None else qkv.value(v)
             if state is not None:
                 state["k"], state["v"] = k, v
             return q, k, v
         q, k, v = (self._split(t) for t in _fused(x, self.q_proj, self.k_proj, self.v_proj))
         if qk is not None:
             q, k = qk.query(q), qk.key(k)
+        if qkv is not None:  # before the value residual: it mixes the normalised values V₁ and V_n
+            v = qkv.value(v)
         if self.value_residual is not None:  # the new positions' values, mixed before they are cached
             v = self.value_residual(v, values)
         if cache is not None:

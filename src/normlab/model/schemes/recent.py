@@ -1,5 +1,5 @@
-"""The schemes of 2023-2025: B2T, Mix-LN, LayerNorm Scaling, reordered norm (formulas in the package
-docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order is the
+"""The schemes of 2023-2025: B2T, Mix-LN, LayerNorm Scaling, reordered norm, HybridNorm (formulas in
+the package docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order is the
 norm.placement choice order, after the classic ones."""
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import math
 from fractions import Fraction
 
 import torch
+from torch import nn
 
+from normlab.model.attention import QKVNorm
 from normlab.model.norms import build_norm
 from normlab.model.schemes.base import SCHEMES, Scheme
 from normlab.model.schemes.classic import Post, Pre
@@ -112,3 +114,44 @@ class Mix(Scheme):
 
     def final_norm(self, norm_cfg, d):
         return build_norm(norm_cfg, d)
+
+
+class Hybrid(Scheme):
+    """x = x + drop(Attn(x)) for attention sub-layers, with q, k and v each normalised inside,
+    softmax(N(Q)N(K)ᵀ/√d_head)N(V), and no norm on their input; x = N(x) + drop(FFN(N(x))) for FFN
+    sub-layers: the norm before the FFN, whose skip starts from the normalised stream; and a final N
+    per stack (HybridNorm, Zhuo et al. 2025, arXiv 2503.04598). We follow the paper's Fig. 1(d) and the
+    authors' code (BryceZhuo/HybridNorm, dense_model: attn_norm false, use_query/key/value_norm true,
+    ffn_norm true with ffn_residual_after_norm true, OLMo's final ln_f): in a layer, h = N(x + Attn(x)),
+    out = h + FFN(h). The paper's "Post-Norm in the FFN" is this norm between the attention's add and
+    the FFN, not N(x + FFN(x)) after the FFN's add. The QKV norms are per head (QKVNorm in
+    attention.py, as the authors'), one of norm.type each for q, k and v, in self- and cross-attention
+    alike (the paper's decoder-only model has no cross-attention: its keys and values, from the
+    encoder, are normalised as a self-attention's). A decoder layer: x + SelfAttn, + CrossAttn, then N
+    and the FFN. The stack's output h + FFN(h) is un-normalised, hence the final N. Not HybridNorm*
+    (the paper's variant whose first layer is pre-norm: norm_pos_special_config {0: attn_norm, no
+    ffn_residual}). An attention block's own norm is the identity: its sub-layer normalises its inputs."""
+    name, paper = "hybrid", "Zhuo et al. 2025, HybridNorm"
+    # DLCL's pre form normalises layer outputs, its post form their combination: HybridNorm
+    # normalises inside the layer (before the FFN) and neither paper defines the combination.
+    no_dlcl = "HybridNorm's norm sits inside the layer, before the FFN, DLCL's at the layers' outputs; choose one"
+
+    def add_state(self, block, alpha, **state):
+        if getattr(block.sublayer, "qkv_norm", None) is not None:
+            block.norm = nn.Identity()  # an attention: N(x) = x, its q, k and v are normalised inside
+
+    def forward(self, block, x, *args, **kwargs):
+        h = block.norm(x)
+        return block.dropout.add(h, block.sublayer(h, *args, **kwargs))
+
+    def final_norm(self, norm_cfg, d):
+        return build_norm(norm_cfg, d)
+
+    def inner_norm(self, norm_cfg, d, kind):
+        return None if kind == "ffn" else QKVNorm(norm_cfg, d)
+
+    def model_refusal(self, cfg):
+        if cfg.qk_norm != "none":
+            return ("model.qk_norm", f"{cfg.qk_norm} with norm.placement=hybrid: HybridNorm's QKV-norm already "
+                    "normalises q and k in every attention; leave model.qk_norm=none")
+        return super().model_refusal(cfg)
