@@ -21,7 +21,7 @@ from normlab.study.runner import plan
 from normlab.study.spec import available, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ["deep_bleu", "drophead", "layerdrop_prune", "twt_lowres", "twt_scalenorm"]
+STUDIES = ["deep_bleu", "deep_recent", "drophead", "layerdrop_prune", "twt_lowres", "twt_scalenorm"]
 
 
 def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
