@@ -139,3 +139,24 @@ def test_admin_profiles_a_dwa_model_as_the_model_without_aggregation():
     for model in (plain, dwa):
         profile_omega_(model, [{"src": src, "tgt_in": tgt}], PAD)
     assert omega_values(dwa) == omega_values(plain) and len(omega_values(plain)) > 1
+
+
+@pytest.mark.parametrize("aggregation", ["dwa", "dlcl"])
+def test_the_weighted_history_keeps_the_fp32_stream_under_bf16_autocast(aggregation):
+    """A contraction (tensordot: a matmul) ran in bf16 under autocast, rounding the residual stream
+    after every layer; the elementwise sum keeps fp32 (review finding). At init DWA is still the plain
+    model bit for bit under autocast."""
+    plain = built()
+    agg = built(layer_aggregation=aggregation)
+    if aggregation == "dwa":
+        agg.load_state_dict(plain.state_dict(), strict=False)
+    src, tgt = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        memory, _ = agg.encode(src)
+        assert memory.dtype == torch.float32
+        history = [torch.randn(2, 3, 8) for _ in range(3)]
+        from normlab.model.aggregation import weighted_sum
+
+        assert weighted_sum(torch.tensor([0.2, 0.3, 0.5]), history).dtype == torch.float32
+        if aggregation == "dwa":
+            assert torch.equal(agg(src, tgt), plain(src, tgt))

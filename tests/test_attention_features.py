@@ -118,7 +118,7 @@ def test_qk_norm_none_is_todays_attention_bit_for_bit():
     torch.manual_seed(0)
     today = Seq2SeqTransformer(tiny())
     torch.manual_seed(0)
-    off = Seq2SeqTransformer(tiny(qk_norm="none", qk_norm_scale_init=4.0))  # g₀ acts only with l2
+    off = Seq2SeqTransformer(tiny(qk_norm="none"))  # the key present at its default (a scale without l2 is refused)
     assert list(off.state_dict()) == list(today.state_dict())
     src = source()
     assert torch.equal(off(src, src), today(src, src))
@@ -317,3 +317,19 @@ def test_value_residual_under_layerdrop_with_layer_one_dropped():
     assert torch.equal(first.grad, torch.zeros(2))  # the first layer that ran: unmixed
     with torch.no_grad():
         torch.testing.assert_close(out, prune(model, *kept).eval()(src, tgt))
+
+
+def test_combinations_that_would_mislead_are_refused_in_one_line():
+    """Review findings: a value residual under learned LayerDrop rates (a gated-off first layer still
+    set V₁, so the trained model differed from the pruned one); a QK-norm scale without l2 QK-norm
+    (it does nothing but rename the run); a bad qk_norm is named as itself before any combination."""
+    from normlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.value_residual: true with regularizer.layerdrop_rates=learned"):
+        tiny(value_residual=True, regularizer={"encoder_layerdrop": 0.2, "layerdrop_rates": "learned"})
+    tiny(value_residual=True, regularizer={"encoder_layerdrop": 0.2})  # uniform rates: pruned == skipped
+    with pytest.raises(ConfigError, match=r"^model.qk_norm_scale_init: 5.0 with model.qk_norm=rms"):
+        tiny(qk_norm="rms", qk_norm_scale_init=5.0)
+    with pytest.raises(ConfigError, match=r"^model.qk_norm: 'foo' is not valid"):
+        tiny(qk_norm="foo", norm={"placement": "hybrid"})
+    Seq2SeqTransformer(tiny(max_positions=1))  # log2(L² − L) is computed for l2 QK-norm only

@@ -170,14 +170,27 @@ class ModelConfig:
                f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
         _choice("init.name", self.init, INITS)
         _choice("norm.placement", self.norm.placement, PLACEMENTS)
-        _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL, DWA
+        # every choice is checked before a combination of them, so a typo is named as itself
         _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
         _choice("model.qk_norm", self.qk_norm, QK_NORMS)
         _value("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
                "L = model.max_positions", lambda v: v > 0, null=True)
+        # a value that does nothing would still rename the run (it is identity): refused, as norm.mix_ratio
+        _check(self.qk_norm_scale_init is None or self.qk_norm == "l2", "model.qk_norm_scale_init",
+               f"{self.qk_norm_scale_init} with model.qk_norm={self.qk_norm}: only l2 QK-norm has a learned scale g "
+               "(Henry et al. 2020); set model.qk_norm=l2 or leave the scale null")
         self.norm.validate()
         self.regularizer.validate()
+        _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL, DWA
+        # Under learned LayerDrop rates a gated-off layer still runs (its output is discarded,
+        # regularizers/layerdrop.py), so a gated-off first layer would still set V₁ for the layers
+        # after it: the model would differ from the one pruning leaves (the first kept layer's V₁).
+        layerdrop = self.regularizer.encoder_layerdrop or self.regularizer.decoder_layerdrop
+        _check(not (self.value_residual and layerdrop and self.regularizer.layerdrop_rates == "learned"),
+               "model.value_residual", "true with regularizer.layerdrop_rates=learned: a gated-off first layer "
+               "would still give the value residual its V₁, which the pruned model (data-driven pruning) does "
+               "not have; use regularizer.layerdrop_rates=uniform")
         if self.layer_aggregation != "none":
             self._check_aggregation()
 

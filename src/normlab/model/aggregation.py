@@ -72,9 +72,15 @@ class LayerChain(nn.Module):
 
 
 def weighted_sum(w: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
-    # Σ_k w[k]·history[k] in one contraction: (K,) · (K, B, T, D) -> (B, T, D). With w one-hot (DWA's
-    # init) every other product is ±0, so the sum is the chosen entry bit for bit.
-    return torch.tensordot(w, torch.stack(history), dims=1)
+    # Σ_k w[k]·history[k] in one contraction: (K,) · (K, B, T, D) -> (B, T, D), in the stream's own
+    # dtype: under autocast a contraction (a matmul) would run in bf16 and round the fp32 residual
+    # stream after every layer (the DenseFormer authors sum alpha * acc elementwise, which autocast
+    # leaves alone). With w one-hot (DWA's init) every other product is ±0, so the sum is the chosen
+    # entry bit for bit. (The stacked history is saved for backward at each layer: memory grows with
+    # L², as in DLCL's authors' code, which concatenates it.)
+    stacked = torch.stack(history)
+    with torch.autocast(stacked.device.type, enabled=False):
+        return torch.tensordot(w.to(stacked.dtype), stacked, dims=1)
 
 
 def _kept(weight: torch.Tensor, rows: list[int], cols: list[int]) -> nn.Parameter:

@@ -138,7 +138,7 @@ def henry_scale_init(length: int) -> float:
     return math.log2(length * length - length)
 
 
-def build_qk_norm(kind: str, head_dim: int, scale_init: float, eps: float) -> nn.Module | None:
+def build_qk_norm(kind: str, head_dim: int, scale_init: float | None, eps: float) -> nn.Module | None:
     # kind: model.qk_norm (QK_NORMS); None for none: the module keeps today's path and state dict.
     if kind == "l2":
         return L2QKNorm(scale_init)

@@ -68,7 +68,8 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     reg = cfg.regularizer
     drophead = DropHead(reg.drophead) if reg.drophead > 0 and getattr(reg, f"drophead_{kind}") else None
     # QK-norm in every attention, self and cross, of both stacks (Henry et al. 2020 normalise all).
-    g0 = cfg.qk_norm_scale_init if cfg.qk_norm_scale_init is not None else henry_scale_init(cfg.max_positions)
+    g0 = (cfg.qk_norm_scale_init if cfg.qk_norm_scale_init is not None
+          else henry_scale_init(cfg.max_positions) if cfg.qk_norm == "l2" else None)  # only l2 has a scale
     qk_norm = build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps)
     # Value residual (Zhou et al. 2024) in the self-attention of every layer of both stacks.
     value_residual = ValueResidual() if cfg.value_residual and kind != "cross" else None
