@@ -52,3 +52,44 @@ def test_a_run_the_stall_guard_stopped_is_not_trained_further_by_its_rerun(small
     assert again["status"] == "stalled" and again["steps"] == 20
     assert (again["stall_detected_step"], again["stopped_at_step"]) == (12, 20)
     assert again["test_bleu"] is not None and again["stall_reason"] == first["stall_reason"]
+
+
+def _stalling(small_corpus, run_dir, cache, *extra):
+    from test_stall import STALL
+
+    return tiny_overrides(small_corpus, run_dir, cache) + STALL[:3] + [
+        "eval.valid_bleu=false", "eval.test_decoder.beam=2", "eval.test_decoder.max_len_b=5",
+        "eval.decoder.max_len_b=5", "callbacks.stall.margin=-0.5", "optim.lr=1e-12", "optim.warmup=1", *extra]
+
+
+def test_a_stall_decided_at_the_last_step_survives_an_interrupted_scoring(small_corpus, tmp_path, monkeypatch):
+    """No early stop (stop_after null): the stall is decided when training ends, after the last
+    checkpoint; Ctrl-C while scoring, then the rerun trains nothing (its checkpoint is at the last
+    step, so Lightning calls no train hook) and still records the run as stalled (was: completed)."""
+    over = _stalling(small_corpus, tmp_path / "run", tmp_path / "cache", "trainer.max_steps=20",
+                     "callbacks.full_checkpoint.every_n_steps=10")
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(train_mod, "final_scores", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            run(compose_cfg(over))
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert first["status"] == "interrupted" and first["steps"] == 20 and first["stall_reason"]
+    again = run(compose_cfg(over))
+    assert again["status"] == "stalled" and again["steps"] == 20 and again["stall_reason"] == first["stall_reason"]
+
+
+def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path):
+    """resume= another run's checkpoint written where its stall guard stopped it: that run's end is
+    not this one's; with a working lr and a longer budget it trains on (a plateau can end)."""
+    first = run(compose_cfg(_stalling(small_corpus, tmp_path / "a", tmp_path / "cache", "trainer.max_steps=60",
+                                      "callbacks.stall.stop_after=8")))
+    assert first["status"] == "stalled" and first["steps"] == 20
+    ckpt = sorted((tmp_path / "a" / "checkpoints").glob("full-step*.ckpt"))[-1]
+    over = _stalling(small_corpus, tmp_path / "b", tmp_path / "cache", "trainer.max_steps=28",
+                     f"resume={ckpt}") + ["optim.lr=3e-3"]
+    again = run(compose_cfg(over))
+    assert again["steps"] == 28 and "stopped_at_step" not in again

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
+from normlab.callbacks.stall import StallGuard
 from normlab.checkpoint import write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
@@ -150,6 +151,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     # own, which prints "Epoch 0/-2" bars into redirected logs.
     bar = any(isinstance(c, ProgressBar) for c in callbacks)
     overrides = dict(spec.trainer_overrides)
+    stall = next((c for c in callbacks if isinstance(c, StallGuard)), None)
+    if stall is not None and spec.resume and cont.checkpoint is None:
+        stall.carry_end = False  # resume= another run's checkpoint: its stall, if any, is not this run's
     preemption = next((c for c in callbacks if isinstance(c, Preemption)), None)
     if spec.max_time and preemption is not None:  # ours: at a step boundary, checkpointed
         preemption.max_time = max_time_seconds(spec.max_time)
@@ -168,6 +172,8 @@ def _run(spec: RunSpec) -> dict[str, Any]:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
         except StopAfterCheckpoint:  # preempted: the checkpoint is written, the outcome says so
             pass
+        if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
+            stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
         if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
             outcome.end(Status.STOPPED, stopped_by="max_time")
         elif outcome.running:  # no callback ended it: trained every planned step

@@ -99,13 +99,26 @@ class StallGuard(L.Callback):
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
         self.counts: torch.Tensor | None = None
         self.ended: dict | None = None  # the stall record once this guard ended the run (checkpointed)
+        # train.run sets False when the run starts from another run's checkpoint (resume=): that run's
+        # end is not this one's (a stalled run resumed with another lr or budget trains on)
+        self.carry_end = True
 
     def on_train_start(self, trainer, pl_module) -> None:
         # continued from the checkpoint written where this guard stopped the run (the leg was then
         # interrupted, e.g. while scoring): the run is still stalled there, not trained further
-        if self.ended is not None and self.outcome.running:
+        if self.ended is not None and self.carry_end and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
             trainer.should_stop = True
+
+    def settle(self, trainer, pl_module) -> None:
+        """After fit, when no callback ended the run: a continuation whose checkpoint was at the last
+        step trains nothing, and Lightning then calls neither on_train_start nor on_train_end; the
+        stall is what the restored record (or the restored losses and counts) say, as it was decided
+        when the interrupted leg ended."""
+        if self.ended is not None and self.carry_end and self.outcome.running:
+            self.outcome.end(Status.STALLED, **self.ended)
+        else:
+            self.on_train_end(trainer, pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start_step = trainer.global_step
