@@ -118,6 +118,10 @@ def test_a_started_run_is_named_alike_by_its_folder_and_its_record(tmp_path):
     (tmp_path / "outputs" / legacy).mkdir(parents=True)
     (tmp_path / "outputs" / legacy / "run.json").write_text('{"identity_hash": "%s"}' % spec.identity_hash)
     assert resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg) == f"{tmp_path}/outputs/{legacy}"
+    # a folder of the old name that holds another run is not taken
+    (tmp_path / "outputs" / legacy / "run.json").write_text('{"identity_hash": "deadbeef"}')
+    assert resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg) == f"{tmp_path}/outputs/{name}"
+    (tmp_path / "outputs" / legacy / "run.json").write_text('{"identity_hash": "%s"}' % spec.identity_hash)
     # once a folder of the right name exists, it is the one
     (tmp_path / "outputs" / name).mkdir()
     assert resolvers._resolve_run_dir(str(tmp_path / "outputs"), _root_=cfg) == f"{tmp_path}/outputs/{name}"
@@ -136,10 +140,11 @@ def compose_job(cfg, run_dir):
     return job
 
 
-@pytest.mark.parametrize("max_steps, interval", [(2000, 500), (4000, 500), (600, 150), (200, 50), (30, 7), (3, 1),
+@pytest.mark.parametrize("max_steps, interval", [(2000, 500), (4000, 500), (600, 150), (200, 50), (30, 7), (12, 5), (3, 5),
                                                  (-1, 500)])
 def test_validation_interval_follows_max_steps(max_steps, interval):
-    """At least 4 validations a run (a 600-step run validated once, a 200-step run never)."""
+    """At least 4 validations a run of 20 steps or more (a 600-step run validated once, a 200-step run
+    never), at most one every 5 steps (each is a full decode)."""
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"trainer.max_steps={max_steps}"])
     assert cfg.trainer.val_check_interval == interval
@@ -174,3 +179,16 @@ def test_attention_options_are_in_the_names_and_arm_labels():
     assert identity.run_name(qk).startswith("bible_de_en-pre_ln-xavier-qk_l2-none-e3d3-s1-")
     assert identity.labels(qk)["arm"] == "pre_ln+qk_l2" and identity.labels(vr)["arm"] == "pre_ln+qk_rms+vres"
     assert identity.run_name(vr).startswith("bible_de_en-pre_ln-xavier-qk_rms+vres-none-e3d3-s1-")
+
+
+def test_the_report_resolves_a_runs_saved_interval():
+    """Hydra saves a run's config unresolved (.hydra/config.yaml): the report command registers the
+    resolver, so a 600-step run's interval reads 150, not the interpolation text."""
+    import subprocess
+    import sys
+
+    code = ("import normlab.commands.report_runs; from omegaconf import OmegaConf; "
+            "c = OmegaConf.create({'trainer': {'max_steps': 600, 'val_check_interval': "
+            "'${nl.val_interval:${trainer.max_steps}}'}}); print(OmegaConf.to_container(c, resolve=True))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "'val_check_interval': 150" in out

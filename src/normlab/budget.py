@@ -32,21 +32,21 @@ def world_size(trainer_cfg: Any) -> int:
     return max(n, 1) * int(trainer_cfg.get("num_nodes") or 1)
 
 
-def trainer_overrides(t: Any, max_tokens: int, target: int | None) -> dict[str, Any]:
-    """accumulate_grad_batches (from `target`, optim.tokens_per_update) and val_check_interval in
-    batches, for the Trainer settings `t` (the config's `trainer`) and data.max_tokens."""
+def _accumulation(t: Any, max_tokens: int, target: int | None) -> tuple[int, int, int]:
+    """(devices x nodes, accumulation, padded tokens per update)."""
     world, max_tokens = world_size(t), int(max_tokens)
     accumulate = int(t.get("accumulate_grad_batches") or 1)
     if target:
         if not isinstance(target, int) or target < 1:
             raise ConfigError(f"optim.tokens_per_update={target!r} must be a positive integer (or null)")
         accumulate = max(1, round(target / (max_tokens * world)))
-    per_update = max_tokens * world * accumulate
-    log.info("tokens per update: data.max_tokens %d x %d device(s) x accumulation %d = %d%s", max_tokens, world,
-             accumulate, per_update, f" (optim.tokens_per_update={target})" if target else "")
-    if target and not 0.8 <= per_update / target <= 1.25:
-        log.warning("tokens per update %d is far from optim.tokens_per_update=%d: set data.max_tokens to about %d",
-                    per_update, target, max(1, target // world))
+    return world, accumulate, max_tokens * world * accumulate
+
+
+def trainer_overrides(t: Any, max_tokens: int, target: int | None) -> dict[str, Any]:
+    """accumulate_grad_batches (from `target`, optim.tokens_per_update) and val_check_interval in
+    batches, for the Trainer settings `t` (the config's `trainer`) and data.max_tokens."""
+    _, accumulate, _ = _accumulation(t, max_tokens, target)
     out: dict[str, Any] = {"accumulate_grad_batches": accumulate}
     interval = t.get("val_check_interval")
     if isinstance(interval, int) and not isinstance(interval, bool):
@@ -54,6 +54,18 @@ def trainer_overrides(t: Any, max_tokens: int, target: int | None) -> dict[str, 
             raise ConfigError(f"trainer.val_check_interval={interval!r} must be >= 1 optimizer steps (or a fraction of an epoch)")
         out["val_check_interval"] = interval * accumulate
     return out
+
+
+def budget_notes(t: Any, max_tokens: int, target: int | None) -> tuple[tuple[int, str], ...]:
+    """The (log level, line) a run prints about its tokens per update once it starts training (not
+    when it is found finished, nor before its folder is held)."""
+    world, accumulate, per_update = _accumulation(t, max_tokens, target)
+    notes = [(logging.INFO, f"tokens per update: data.max_tokens {int(max_tokens)} x {world} device(s) x accumulation "
+                            f"{accumulate} = {per_update}" + (f" (optim.tokens_per_update={target})" if target else ""))]
+    if target and not 0.8 <= per_update / target <= 1.25:
+        notes.append((logging.WARNING, f"tokens per update {per_update} is far from optim.tokens_per_update={target}: "
+                                       f"set data.max_tokens to about {max(1, target // world)}"))
+    return tuple(notes)
 
 
 def stopped_by_time(trainer) -> bool:

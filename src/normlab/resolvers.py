@@ -41,10 +41,20 @@ def _folder_name(root: DictConfig, parent) -> str:
     if parent is None:
         return name
     found = _existing_name(parent, name)
-    if found == name and legacy and legacy != name and (Path(parent) / legacy).is_dir() \
-            and not (Path(parent) / name).exists():
+    if found == name and legacy and legacy != name and not (Path(parent) / name).exists() \
+            and _holds(Path(parent) / legacy, name.rsplit("-", 1)[1]):
         return legacy  # a run an earlier release started: it continues in its folder (run.json has its hash)
     return found
+
+
+def _holds(folder: Path, identity_hash: str) -> bool:
+    """Whether `folder`'s run.json records this identity (train.run wrote it with the run's hash)."""
+    import json
+
+    try:
+        return json.loads((folder / "run.json").read_text()).get("identity_hash") == identity_hash
+    except (OSError, ValueError):
+        return False
 
 
 # run_folder (the folders, the checkpoint) imports torch: only when Hydra resolves a run's folder,
@@ -70,16 +80,17 @@ def _resolve_run_dir(parent: str, *, _root_: DictConfig) -> str:
     return str(given) if given else f"{parent}/{_folder_name(_root_, parent)}"
 
 
-VAL_INTERVAL = 500
+VAL_INTERVAL, MIN_VAL_INTERVAL = 500, 5
 
 
 def val_interval(max_steps) -> int:
     """Validate every 500 optimizer steps, or a quarter of a shorter run (at least 4 validations a
-    run: a 600-step run validated once at 500, a 200-step run never). A resolved value, so a run's
-    identity holds the interval it ran with: the CPU default (2,000 steps) and every study's runs
-    keep 500 and their names."""
+    run of 20 steps or more: a 600-step run validated once at 500, a 200-step run never), and never
+    more often than every 5 steps (a 3-step run validated at every step, each a full decode). A
+    resolved value, so a run's identity holds the interval it ran with: the CPU default (2,000
+    steps) and every study's runs keep 500 and their names."""
     steps = int(max_steps)
-    return VAL_INTERVAL if steps <= 0 else max(1, min(VAL_INTERVAL, steps // 4))
+    return VAL_INTERVAL if steps <= 0 else max(MIN_VAL_INTERVAL, min(VAL_INTERVAL, steps // 4))
 
 
 def register_resolvers() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
-from normlab.budget import trainer_overrides
+from normlab.budget import budget_notes, trainer_overrides
 from normlab.config import ConfigError, ModelConfig, check_machine, model_config_from_hydra, validate_run_config
 from normlab.run_folder import hydra_choices, run_dir_of, start_model
 
@@ -62,6 +62,7 @@ class RunSpec:
     max_steps: int
     max_time: Any              # trainer.max_time as given (None: no cap); preemption stops at it
     trainer_overrides: dict[str, Any]  # accumulation and val_check_interval from the token budget (budget.py)
+    budget_notes: tuple[tuple[int, str], ...]  # (log level, line) on the tokens per update, printed by the run
     config: dict[str, Any]     # the whole resolved config (W&B's run config)
     # Hydra nodes of the objects the run builds (instantiated by train._run, never read):
     data: DictConfig
@@ -82,7 +83,8 @@ def resolve(cfg: DictConfig) -> RunSpec:
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else {}  # noqa: E731
     eval_cfg = plain(cfg.eval)
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
-    budget = trainer_overrides(cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
+    tokens = (cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
+    budget = trainer_overrides(*tokens)
     return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
                    tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
                    choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
@@ -91,7 +93,8 @@ def resolve(cfg: DictConfig) -> RunSpec:
                    seed=int(cfg.seed), project=str(cfg.project), model=model_config_from_hydra(cfg),
                    optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
-                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget, config=identity.plain(cfg),
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget, budget_notes=budget_notes(*tokens),
+                   config=identity.plain(cfg),
                    data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"), loggers=cfg.get("logger"))
 
 

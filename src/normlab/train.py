@@ -110,6 +110,8 @@ def _run(spec: RunSpec) -> dict[str, Any]:
               "not training again (retrain=true trains it again)")
         return r
     run_dir.mkdir(parents=True, exist_ok=True)
+    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
+        log.log(level, line)
     L.seed_everything(spec.seed, workers=True)
 
     start = spec.start

@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+import normlab.resolvers  # noqa: F401  (a run's saved config is unresolved: nl.val_interval reads it)
 from normlab.commands.common import CommandError
 from normlab.outcome import FINISHED, UNFINISHED
 
