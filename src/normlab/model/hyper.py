@@ -118,7 +118,7 @@ class _Connection(nn.Module):
             skip = torch.einsum("nmbt,nbtd->mbtd", mix, h)
             write = write[..., None]
         out = block.dropout(block.sublayer(block.norm(x), *args, **kwargs))  # pre-norm's branch
-        return skip + write * out
+        return torch.addcmul(skip, write, out)  # skip + write·out in one pass (exact at write = 1)
 
 
 class HyperConnection(_Connection):
