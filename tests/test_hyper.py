@@ -222,6 +222,17 @@ def test_pruned_equals_skipped_and_the_checkpoint_rebuilds(residual, mixing, tmp
     assert all(torch.equal(kept[k], own[k]) for k in own)  # layer 1's mixing weights, now at index 0
 
 
+@pytest.mark.parametrize("residual, mixing", VARIANTS)
+def test_under_mixed_precision_the_streams_stay_fp32(residual, mixing):
+    m = model(residual, mixing)
+    src, _ = batch()
+    h = m.encoder.stream_in(m.encoder.embed(src))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m.encoder.layers[0](h, src.eq(PAD))
+        assert out.dtype == torch.float32 and m(*batch()).isfinite().all()
+    torch.testing.assert_close(out, m.encoder.layers[0](h, src.eq(PAD)), atol=0.1, rtol=0.05)
+
+
 def test_subln_takes_hyper_connections_and_add_is_todays_model():
     m = model("hyper", "static", norm={"placement": "subln"})
     assert m(*batch()).isfinite().all()

@@ -108,15 +108,19 @@ class _Connection(nn.Module):
         raise NotImplementedError
 
     def forward(self, block: nn.Module, h: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        read, mix, write = self.weights(h)  # h: (n, B, T, d)
-        if read.dim() == 1:
-            x = torch.tensordot(read, h, dims=1)  # (B, T, d)
-            skip = torch.tensordot(mix, h, dims=([0], [0]))  # (n, B, T, d)
-            write = write[:, None, None, None]
-        else:
-            x = torch.einsum("nbt,nbtd->btd", read, h)
-            skip = torch.einsum("nmbt,nbtd->mbtd", mix, h)
-            write = write[..., None]
+        # The mixing runs in the streams' dtype: under mixed precision autocast would run these
+        # matmuls in bf16 and round the residual streams at every block, which pre-norm's residual
+        # add (fp32 stream + bf16 branch) never does. The sub-layer runs under autocast as always.
+        with torch.autocast(h.device.type, enabled=False):
+            read, mix, write = self.weights(h)  # h: (n, B, T, d)
+            if read.dim() == 1:
+                x = torch.tensordot(read, h, dims=1)  # (B, T, d)
+                skip = torch.tensordot(mix, h, dims=([0], [0]))  # (n, B, T, d)
+                write = write[:, None, None, None]
+            else:
+                x = torch.einsum("nbt,nbtd->btd", read, h)
+                skip = torch.einsum("nmbt,nbtd->mbtd", mix, h)
+                write = write[..., None]
         out = block.dropout(block.sublayer(block.norm(x), *args, **kwargs))  # pre-norm's branch
         return torch.addcmul(skip, write, out)  # skip + write·out in one pass (exact at write = 1)
 
