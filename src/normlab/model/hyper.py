@@ -100,8 +100,9 @@ def stream_ends(cfg, scheme_input: nn.Module) -> tuple[nn.Module, nn.Module | No
 
 class _Connection(nn.Module):
     """A residual block's forward over n streams, given its weights (the subclasses'): read the
-    block's input from the streams, mix the streams, write the branch into them. Static weights
-    have no token dims and go through one matmul (tensordot); dynamic ones are per token (B, T)."""
+    block's input from the streams, mix the streams, write the branch into them. The read and
+    mix weights go through one product (the paper's (n+1)-column HC matrix, lucidrains' alpha):
+    static weights have no token dims and make it one matmul, dynamic ones are per token (B, T)."""
 
     def weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """read (n[, B, T]), mix (source n, target n[, B, T]), write (n[, B, T])."""
@@ -113,14 +114,16 @@ class _Connection(nn.Module):
         # add (fp32 stream + bf16 branch) never does. The sub-layer runs under autocast as always.
         with torch.autocast(h.device.type, enabled=False):
             read, mix, write = self.weights(h)  # h: (n, B, T, d)
-            if read.dim() == 1:
-                x = torch.tensordot(read, h, dims=1)  # (B, T, d)
-                skip = torch.tensordot(mix, h, dims=([0], [0]))  # (n, B, T, d)
+            both = torch.cat((read[:, None], mix), dim=1)  # (source n, 1 + n[, B, T])
+            if both.dim() == 2:
+                y = torch.tensordot(both, h, dims=([0], [0]))  # (1 + n, B, T, d)
                 write = write[:, None, None, None]
             else:
-                x = torch.einsum("nbt,nbtd->btd", read, h)
-                skip = torch.einsum("nmbt,nbtd->mbtd", mix, h)
+                y = torch.einsum("nmbt,nbtd->mbtd", both, h)
                 write = write[..., None]
+            # the block's input (B, T, d), a copy: its norm keeps it for the backward, and a view
+            # would keep all of y; the mixed streams (n, B, T, d)
+            x, skip = y[0].clone(), y[1:]
         out = block.dropout(block.sublayer(block.norm(x), *args, **kwargs))  # pre-norm's branch
         return torch.addcmul(skip, write, out)  # skip + write·out in one pass (exact at write = 1)
 
@@ -173,7 +176,7 @@ class ManifoldHyperConnection(_Connection):
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = nn.Parameter(torch.zeros(n, n))
         if dynamic:
-            self.norm = RMSNorm(n * d, eps)  # over the flattened streams, as the paper
+            self.norm = RMSNorm(n * d, eps)  # over the flattened streams, as the paper (applied in weights)
             self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + n * n))  # φ_pre, φ_post, φ_res
             self.scale = nn.Parameter(torch.full((3,), DYNAMIC_SCALE))  # α_pre, α_post, α_res
 
@@ -181,7 +184,12 @@ class ManifoldHyperConnection(_Connection):
         n = self.n
         pre, post, res = self.b_pre, self.b_post, self.b_res
         if self.dynamic:
-            z = self.norm(h.permute(1, 2, 0, 3).flatten(2)) @ self.phi  # (B, T, 2n + n²)
+            # RMSNorm(vec H)·φ = rsqrt(mean(H²) + ε)·(vec H)·(diag(g)·φ): the division after the
+            # matmul, as the paper's kernels reorder it; here it saves flattening H (a copy of the
+            # streams kept for the backward): a bmm over the streams, summed, reads H in place.
+            phi = (self.norm.weight[:, None] * self.phi).view(n, -1, self.phi.shape[1])  # (n, d, k)
+            z = torch.bmm(h.flatten(1, 2), phi).sum(0).view(*h.shape[1:3], -1)  # (B, T, 2n + n²)
+            z = z * torch.rsqrt(h.pow(2).mean(dim=(0, 3)) + self.norm.eps)[..., None]
             pre = pre[:, None, None] + self.scale[0] * z[..., :n].permute(2, 0, 1)
             post = post[:, None, None] + self.scale[1] * z[..., n:2 * n].permute(2, 0, 1)
             res = res[:, :, None, None] + self.scale[2] * z[..., 2 * n:].unflatten(-1, (n, n)).permute(2, 3, 0, 1)
