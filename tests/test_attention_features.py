@@ -156,13 +156,16 @@ def feature_model(name, seed=1):
 
 @pytest.mark.parametrize("name", FEATURES)
 def test_cached_decoding_equals_uncached(name):
-    model = feature_model(name)
     src = source(B=6, seed=2)
-    tgt = torch.randint(3, V, (6, 6), generator=torch.Generator().manual_seed(3))
+    check_cached_decoding(feature_model(name), src, torch.randint(3, V, (6, 6), generator=torch.Generator().manual_seed(3)))
+
+
+def check_cached_decoding(model, src, tgt):
+    # Step-by-step decoding with the cache is the full forward; greedy and beam search alike.
     memory, pad = model.encode(src)
     full = model.decode(tgt, memory, pad)
     cache = model.new_cache()
-    steps = [model.decode(tgt[:, t: t + 1], memory, pad, cache) for t in range(6)]
+    steps = [model.decode(tgt[:, t: t + 1], memory, pad, cache) for t in range(tgt.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert greedy_decode(model, src, max_len_a=1.0, max_len_b=3) == naive_greedy(model, src, 1.0, 3, 0)
     cached = beam_search(model, src, beam=3, lenpen=0.6, max_len_a=1.0, max_len_b=3)

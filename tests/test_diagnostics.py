@@ -90,7 +90,9 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}},
         "hybrid": {"norm": {"placement": "hybrid", "type": "scalenorm"}},
         "derf_qk_value_residual": {"norm": {"placement": "pre", "type": "derf"}, "qk_norm": "l2",
-                                   "qk_norm_scale_init": 3.0, "value_residual": True}}
+                                   "qk_norm_scale_init": 3.0, "value_residual": True},
+        "hyper": {"norm": {"placement": "pre"}, "residual": "hyper", "residual_mixing": "dynamic"},
+        "mhc": {"norm": {"placement": "subln"}, "residual": "mhc"}}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -77,7 +77,8 @@ def test_mix_ratio_at_its_default_keeps_the_pinned_names():
 
 # Keys added by issue 20, at their defaults: a pinned run keeps its name; another value is another run.
 NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0"),
-                  "model.value_residual": ("false", "true")}
+                  "model.value_residual": ("false", "true"), "model.residual": ("add", "hyper"),
+                  "model.residual_streams": ("4", "2"), "model.residual_mixing": ("static", "dynamic")}
 
 
 @pytest.mark.parametrize("key", NEW_MODEL_KEYS)

@@ -175,6 +175,9 @@ NEW_OPTIONS = {  # option -> (overrides, what the rebuilt model must have)
     "value_residual": (["model.value_residual=true"],
                        lambda m: not torch.equal(m.decoder.layers[1].self_attn.sublayer.value_residual.lambdas,
                                                  torch.tensor([0.5, 0.5]))),  # trained away from the init
+    "hyper": (["+arm=hyper", "model.residual_mixing=dynamic"],
+              lambda m: m.cfg.residual == "hyper" and not torch.equal(m.encoder.layers[0].ffn.hyper.mix, torch.eye(4))),
+    "mhc": (["+arm=mhc"], lambda m: m.cfg.residual == "mhc" and m.decoder.layers[1].cross_attn.hyper.dynamic),
 }
 
 

@@ -271,8 +271,13 @@ def test_layerdrop_skips_layers_whole_and_the_kept_ones_are_the_pruned_model(pla
 def test_a_pruned_model_keeps_each_layers_behaviour_through_save_and_load(placement, tmp_path):
     torch.manual_seed(0)
     m = randomise_(Seq2SeqTransformer(model_cfg(placement, encoder_layers=4, decoder_layers=4))).eval()
-    src, tgt = batch()
-    keep_e, keep_d = [1, 3], [0, 3]
+    check_pruned_is_skipped(m, *batch(), tmp_path)
+
+
+def check_pruned_is_skipped(m, src, tgt, tmp_path, keep_e=(1, 3), keep_d=(0, 3)):
+    """A 4+4-layer model pruned to keep_e, keep_d computes what it computes with the other layers
+    skipped (identities), and again after save and load (rebuilt from its ModelConfig): the
+    reloaded pruned model."""
     pruned = prune(m, keep_e, keep_d)
     skipped = prune(m, range(4), range(4))
     for stack, keep in ((skipped.encoder, keep_e), (skipped.decoder, keep_d)):
@@ -281,6 +286,7 @@ def test_a_pruned_model_keeps_each_layers_behaviour_through_save_and_load(placem
     torch.testing.assert_close(pruned(src, tgt), skipped(src, tgt), rtol=0, atol=0)
     loaded, _ = load_model(save_model(tmp_path / "pruned.ckpt", pruned, tokenizer_proto=None))
     torch.testing.assert_close(loaded.eval()(src, tgt), pruned(src, tgt), rtol=0, atol=0)
+    return loaded
 
 
 class Identity(nn.Module):

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from normlab.errors import UserError
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
 from normlab.model.attention import QK_NORMS
+from normlab.model.hyper import MIXINGS as RESIDUAL_MIXINGS, RESIDUALS, STREAMS as RESIDUAL_STREAMS
+from normlab.model.hyper import refusal as residual_refusal
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
@@ -142,6 +144,11 @@ class ModelConfig:
     # Value residual (Zhou et al. 2024; model/attention.py): self-attention of layer n attends over
     # λ₁·V₁ + λ₂·V_n, V₁ the first layer's values of the same stack, λ learned (init 0.5).
     value_residual: bool = False
+    # Hyper-connections (model/hyper.py): add (one residual stream) | hyper (Zhu et al. 2024) | mhc
+    # (Xie et al. 2025, doubly-stochastic stream mixing); n streams, static or dynamic mixing.
+    residual: str = "add"
+    residual_streams: int = RESIDUAL_STREAMS
+    residual_mixing: str = "static"
     norm: NormConfig = field(default_factory=NormConfig)
     regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
 
@@ -176,11 +183,15 @@ class ModelConfig:
         _choice("model.qk_norm", self.qk_norm, QK_NORMS)
         _value("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
                "L = model.max_positions", lambda v: v > 0, null=True)
+        _choice("model.residual", self.residual, RESIDUALS)
+        _positive("model.residual_streams", self.residual_streams)
+        _choice("model.residual_mixing", self.residual_mixing, RESIDUAL_MIXINGS)
         # a value that does nothing would still rename the run (it is identity): refused, as norm.mix_ratio
         _check(self.qk_norm_scale_init is None or self.qk_norm == "l2", "model.qk_norm_scale_init",
                f"{self.qk_norm_scale_init} with model.qk_norm={self.qk_norm}: only l2 QK-norm has a learned scale g "
                "(Henry et al. 2020); set model.qk_norm=l2 or leave the scale null")
         self.norm.validate()
+        _refuse(residual_refusal(self))  # placements other than pre-norm's, DLCL; keys unused by add
         self.regularizer.validate()
         _refuse(get_scheme(self.norm.placement).model_refusal(self))  # init=admin, DLCL, DWA
         # Under learned LayerDrop rates a gated-off layer still runs (its output is discarded,

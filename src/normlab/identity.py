@@ -55,6 +55,9 @@ NEUTRAL = {
     "model.qk_norm": "none",  # QK-norm (issue 20): off, attention as before
     "model.qk_norm_scale_init": None,  # its g₀ (the paper's rule); acts only with qk_norm=l2
     "model.value_residual": False,  # value residual (issue 20): off
+    "model.residual": "add",  # hyper-connections (issue 20): off, one residual stream
+    "model.residual_streams": 4,  # their n; read by residual=hyper|mhc alone
+    "model.residual_mixing": "static",  # their static / dynamic weights; read by hyper|mhc alone
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

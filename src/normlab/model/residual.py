@@ -21,7 +21,8 @@ class ResidualBlock(nn.Module):
     # `sublayer` is any module (self-attention, cross-attention, FFN); extra positional and keyword
     # arguments of forward (memory, masks, cache) go to it untouched, so one block type serves all.
     def __init__(self, sublayer: nn.Module, norm: nn.Module, d: int, placement: str, dropout: float,
-                 omega: bool = False, alpha: float = 1.0, norm_out: nn.Module | None = None, **state):
+                 omega: bool = False, alpha: float = 1.0, norm_out: nn.Module | None = None,
+                 hyper: nn.Module | None = None, **state):
         super().__init__()
         self.scheme = get_scheme(placement)
         self.scheme.check_block(omega, norm_out)
@@ -32,6 +33,8 @@ class ResidualBlock(nn.Module):
         self.norm_out = norm_out
         self.scale = None
         self.scheme.add_state(self, alpha, **state)  # state: a scheme's per-layer values (schemes/)
+        # Hyper-connections (model/hyper.py): the block's forward over n streams; None: one stream
+        self.hyper = hyper
 
     @property
     def placement(self) -> str:
@@ -39,10 +42,13 @@ class ResidualBlock(nn.Module):
 
     def stream(self, x: torch.Tensor) -> torch.Tensor:
         # The residual stream in the block's input (what diagnostics call x in ‖F(x)‖/‖x‖).
-        return self.scheme.stream(x)
+        # hyper-connections: the streams' mean, pre-norm's stream at their init (n equal copies)
+        return self.scheme.stream(x) if self.hyper is None else x.mean(0)
 
     def forward(self, x: torch.Tensor, *args, layer_input: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         # layer_input: the layer's input, which a layer hands its last block (B2T, Takase et al. 2023)
+        if self.hyper is not None:  # pre-norm's branch over n streams; layer_input is B2T's alone
+            return self.hyper(self, x, *args, **kwargs)
         if layer_input is None:
             return self.scheme.forward(self, x, *args, **kwargs)
         return self.scheme.last_forward(self, x, layer_input, *args, **kwargs)

@@ -5,7 +5,8 @@ Norm type and placement are injected through ResidualBlock (residual.py) and its
 (aggregation.py: one after the other, DLCL or DenseFormer's DWA) with `for layer in layers`, so
 LayerDrop (Fan et al. 2019) can swap in a ModuleList whose iterator skips layers without touching
 the loops. A stack is:
-embed -> stream_in (identity, or ResiDual's second stream) -> layers -> final_norm (the scheme's).
+embed -> stream_in (identity, ResiDual's second stream, or hyper-connections' n streams) -> layers
+-> stream_out (hyper-connections: the streams' sum) -> final_norm (the scheme's).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)
 from normlab.model.aggregation import build_aggregation
+from normlab.model.hyper import build_connection, stream_ends
 from normlab.model.initialization import init_model_
 from normlab.model.norms import ScaleNorm, build_norm
 from normlab.model.residual import ResidualBlock
@@ -49,12 +51,13 @@ class FeedForward(nn.Module):
         return self.fc2(self.inner_norm(self.dropout(F.relu(self.fc1(x)))))
 
 
-def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str, layer: int) -> ResidualBlock:
+def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str, layer: int, block: int) -> ResidualBlock:
     # Admin (Liu et al. 2020) adds a trainable ω to every residual branch; the scheme adds what it
-    # needs (DeepNorm its α, Sandwich a second norm on the branch output, what layer `layer` needs).
+    # needs (DeepNorm its α, Sandwich a second norm on the branch output, what layer `layer` needs);
+    # hyper-connections their weights, which start from the block's index in the stack (`block`).
     scheme = get_scheme(cfg.norm.placement)
     return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, scheme.name, cfg.dropout, omega=cfg.init == "admin",
-                         **scheme.block_options(cfg, d, stack, layer))
+                         hyper=build_connection(cfg, d, block), **scheme.block_options(cfg, d, stack, layer))
 
 
 def _inner_norm(cfg: ModelConfig, d: int, kind: str) -> nn.Module | None:
@@ -87,8 +90,8 @@ def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, index: int = 0):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder", index)
-        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder", index)
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "encoder_self"), d, "encoder", index, 2 * index)
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "encoder", index, 2 * index + 1)
 
     def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor, values: FirstValues | None = None) -> torch.Tensor:
         h = self.self_attn(x, key_padding_mask=src_pad_mask, values=values)
@@ -98,10 +101,11 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, d: int, heads: int, ffn: int, memory_dim: int, index: int = 0):
         super().__init__()
-        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d, "decoder", index)
+        self.self_attn = _residual(cfg, _attention(cfg, d, heads, "decoder_self"), d, "decoder", index, 3 * index)
         # Queries come from the decoder, keys and values from the encoder output (Vaswani 3.2.3).
-        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d, "decoder", index)
-        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder", index)
+        self.cross_attn = _residual(cfg, _attention(cfg, d, heads, "cross", memory_dim), d, "decoder", index,
+                                    3 * index + 1)
+        self.ffn = _residual(cfg, _ffn(cfg, d, ffn), d, "decoder", index, 3 * index + 2)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 cache: IncrementalCache | None = None, values: FirstValues | None = None) -> torch.Tensor:
@@ -122,6 +126,10 @@ class _Stack(nn.Module):
         # LayerDrop and the residual blocks hand keyword arguments on untouched).
         return {"values": FirstValues()} if self.value_residual else {}
 
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        # The stack's one output stream: hyper-connections' streams summed, else x itself.
+        return x if self.stream_out is None else self.stream_out(x)
+
     def residual_blocks(self, prefix: str) -> list[tuple[str, ResidualBlock]]:
         """[(name, block)] in forward order, names like enc.3.ffn. By index, not by iterating the
         layers: LayerDrop's list skips layers (and draws) when iterated in training."""
@@ -136,7 +144,8 @@ class Encoder(_Stack):
         self.pad_id = cfg.pad_id
         self.value_residual = cfg.value_residual
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.stream_in = get_scheme(cfg.norm.placement).stream_input()
+        # hyper-connections: n copies in, their sum out (model/hyper.py); else stream_out is None
+        self.stream_in, self.stream_out = stream_ends(cfg, get_scheme(cfg.norm.placement).stream_input())
         reg = cfg.regularizer  # LayerDrop: a ModuleList whose iterator skips layers in training
         self.layers = layer_list((EncoderLayer(cfg, d, cfg.encoder_heads, cfg.encoder_ffn, i)
                                   for i in range(cfg.encoder_layers)), reg.encoder_layerdrop,
@@ -148,7 +157,7 @@ class Encoder(_Stack):
         src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
         x = self.stream_in(self.embed(src))  # (B, S, D); ResiDual: (2, B, S, D)
         x = self.aggregation(self.layers, x, src_pad_mask, **self.first_values())
-        return self.final_norm(x), src_pad_mask
+        return self.final_norm(self.reduce(x)), src_pad_mask
 
 
 class Decoder(_Stack):
@@ -157,7 +166,8 @@ class Decoder(_Stack):
         d = cfg.decoder_d_model
         self.value_residual = cfg.value_residual
         self.embed = InputEmbedding(tokens, _positions(cfg, d), cfg.dropout)
-        self.stream_in = get_scheme(cfg.norm.placement).stream_input()
+        # hyper-connections: n copies in, their sum out (model/hyper.py); else stream_out is None
+        self.stream_in, self.stream_out = stream_ends(cfg, get_scheme(cfg.norm.placement).stream_input())
         reg = cfg.regularizer
         self.layers = layer_list((DecoderLayer(cfg, d, cfg.decoder_heads, cfg.decoder_ffn, cfg.d_model, i)
                                   for i in range(cfg.decoder_layers)), reg.decoder_layerdrop,
@@ -174,7 +184,7 @@ class Decoder(_Stack):
         x = self.aggregation(self.layers, x, memory, src_pad_mask, cache, **self.first_values())
         if cache is not None:
             cache.length += tgt_in.size(1)
-        return self.final_norm(x)
+        return self.final_norm(self.reduce(x))
 
 
 def _fixnorm_scale_moved(module, state_dict, prefix, *args) -> None:

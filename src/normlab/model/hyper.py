@@ -1,0 +1,212 @@
+"""Hyper-connections: n residual streams in place of the one residual stream (model.residual).
+
+add    (default) x ← x + drop(F(N(x))): the residual as the placement computes it, one stream.
+hyper  (Zhu et al. 2024, arXiv 2409.19606, Hyper-Connections). Each token carries n streams
+       H ∈ R^{n×d}; a residual block reads h = α_mᵀH (width connection) and writes
+       H ← A_rᵀH + β·drop(F(N(h))) (depth connection), F with its own norm as pre-norm has it.
+       Static: learned α_m ∈ R^n, A_r ∈ R^{n×n}, β ∈ R^n, initialised as the paper's eq. (14):
+       α_m = e_{k mod n} (k the block's index in its stack), A_r = I, β = 1, so n copies of the
+       embedding stay n copies of pre-LN's stream (bit for bit: the one-hot and identity products
+       are exact). Dynamic (model.residual_mixing=dynamic, the paper's DHC): with H̄ = N'(H) (a norm of
+       the model's norm type per stream and block, the paper's LayerNorm), per token
+       α_m + s_α·tanh(H̄W_m), A_r + s_α·tanh(H̄W_r), β + s_β·tanh(H̄W_β), W = 0 and s = 0.01 at init
+       as the paper's Algorithm (Appendix J; lucidrains/hyper-connections too): with W = 0 the
+       offsets are 0 at init whatever s is, and s = 0 would leave both W and s without gradient.
+mhc    (Xie et al. 2025, DeepSeek-AI, arXiv 2512.24880, mHC: Manifold-Constrained Hyper-Connections):
+       H ← H_res·H + H_postᵀ·drop(F(N(H_pre·H))), H_pre = σ(H̃_pre), H_post = 2σ(H̃_post),
+       H_res = Sinkhorn-Knopp(exp(H̃_res)), a doubly-stochastic matrix: it conserves the streams'
+       mean and its norm is at most 1, so products of them across depth cannot amplify the
+       signal (the paper's argument against HC's instability at scale). Static:
+       H̃ = b (learned); dynamic (the paper's): H̃ = a·(x̃φ) + b with x̃ = RMSNorm of the n streams
+       flattened to one n·d vector per token, φ = 0 and a = 0.01 at init (as HC above). We found
+       no init for b in the paper; ours makes the block pre-LN's at init: b_pre = −log(n − 1) (σ = 1/n:
+       h = the streams' mean), b_post = 0 (2σ = 1), b_res = 0 (Sinkhorn gives the uniform 1/n
+       matrix, which maps n equal streams to themselves). Sinkhorn: SINKHORN_ITERS = 20 alternate
+       row and column normalisations, the paper's t_max = 20 (lucidrains' default too): columns
+       sum to 1 after the last step, rows to within 1e-3 for logits of spread 1 (tests/test_hyper.py),
+       and a fixed count keeps the forward deterministic and cheap (n² per token and iteration).
+
+The stack expands its embedding into n copies (StreamExpand, the paper's H⁰) and sums the streams
+(StreamReduce, the paper's "sum the last hyper hidden matrix row-wise"; lucidrains and
+x-transformers' `num_residual_streams` sum too) before its final norm: the encoder's output, which
+cross-attention reads, is one (B, S, d) tensor. The streams travel as one (n, B, T, d) tensor
+(as ResiDual's two), so LayerDrop (a skipped layer passes them through unchanged), pruning
+(the kept blocks keep their own mixing parameters) and the KV cache (per position) treat them as
+one value. Only with placements whose block is pre-norm's, x + drop(F(N(x))) (pre, subln):
+hyper-connections generalise that residual, the other placements put a norm on the stream or the
+branch output, where the papers define none; DLCL is another learned cross-layer mixing.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from normlab.model.norms import RMSNorm, build_norm
+
+RESIDUALS = ("add", "hyper", "mhc")  # model.residual
+MIXINGS = ("static", "dynamic")  # model.residual_mixing
+STREAMS = 4  # model.residual_streams' default: the paper's main setting (n = 4, "HC×4")
+SINKHORN_ITERS = 20  # mHC's t_max
+DYNAMIC_SCALE = 0.01  # s_α, s_β (HC) and a (mHC) at init
+
+
+def refusal(cfg) -> tuple[str, str] | None:
+    """(key, what) for config.ConfigError when cfg (a ModelConfig) combines residual with what it
+    cannot take, or None."""
+    from normlab.model.schemes import Pre, get_scheme
+
+    if cfg.residual == "add":
+        for key, default in (("residual_streams", STREAMS), ("residual_mixing", "static")):
+            if getattr(cfg, key) != default:  # a no-op setting would rename the run
+                return (f"model.{key}", f"{getattr(cfg, key)} with model.residual=add: only hyper and mhc read it; "
+                        f"leave it at {default}")
+        return None
+    scheme = get_scheme(cfg.norm.placement)
+    if type(scheme).forward is not Pre.forward:
+        return ("model.residual", f"{cfg.residual} with norm.placement={scheme.name}: hyper-connections replace "
+                "pre-norm's x + F(N(x)) (Zhu et al. 2024); use norm.placement=pre or subln")
+    if cfg.layer_aggregation != "none":
+        return ("model.residual", f"{cfg.residual} with model.layer_aggregation={cfg.layer_aggregation}: both "
+                "learn how layers mix across depth; choose one")
+    return None
+
+
+class StreamExpand(nn.Module):
+    # H⁰ = n copies of the embedding: (B, T, d) -> (n, B, T, d), a view (no copy: blocks never write in place).
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.expand(self.n, *x.shape)
+
+    def extra_repr(self) -> str:
+        return f"streams={self.n}"
+
+
+class StreamReduce(nn.Module):
+    # The sum over the streams (Zhu et al. 2024), before the stack's final norm: (n, B, T, d) -> (B, T, d).
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h.sum(0)
+
+
+def stream_ends(cfg, scheme_input: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """A stack's (stream_in, stream_out): the scheme's input and no reduction for residual=add."""
+    if cfg.residual == "add":
+        return scheme_input, None
+    return StreamExpand(cfg.residual_streams), StreamReduce()
+
+
+class _Connection(nn.Module):
+    """A residual block's forward over n streams, given its weights (the subclasses'): read the
+    block's input from the streams, mix the streams, write the branch into them. The read and
+    mix weights go through one product (the paper's (n+1)-column HC matrix, lucidrains' alpha):
+    static weights have no token dims and make it one matmul, dynamic ones are per token (B, T)."""
+
+    def weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """read (n[, B, T]), mix (source n, target n[, B, T]), write (n[, B, T])."""
+        raise NotImplementedError
+
+    def forward(self, block: nn.Module, h: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        # The mixing runs in the streams' dtype: under mixed precision autocast would run these
+        # matmuls in bf16 and round the residual streams at every block, which pre-norm's residual
+        # add (fp32 stream + bf16 branch) never does. The sub-layer runs under autocast as always.
+        with torch.autocast(h.device.type, enabled=False):
+            read, mix, write = self.weights(h)  # h: (n, B, T, d)
+            both = torch.cat((read[:, None], mix), dim=1)  # (source n, 1 + n[, B, T])
+            if both.dim() == 2:
+                y = torch.tensordot(both, h, dims=([0], [0]))  # (1 + n, B, T, d)
+                write = write[:, None, None, None]
+            else:
+                y = torch.einsum("nmbt,nbtd->mbtd", both, h)
+                write = write[..., None]
+            # the block's input (B, T, d), a copy: its norm keeps it for the backward, and a view
+            # would keep all of y; the mixed streams (n, B, T, d)
+            x, skip = y[0].clone(), y[1:]
+        out = block.dropout(block.sublayer(block.norm(x), *args, **kwargs))  # pre-norm's branch
+        return torch.addcmul(skip, write, out)  # skip + write·out in one pass (exact at write = 1)
+
+
+class HyperConnection(_Connection):
+    """Zhu et al. 2024: read α_m, mix A_r, write β; H ← A_rᵀH + β·drop(F(N(α_mᵀH)))."""
+
+    def __init__(self, n: int, d: int, index: int, dynamic: bool, norm_cfg):
+        super().__init__()
+        alpha = torch.zeros(n)
+        alpha[index % n] = 1.0  # e_{k mod n}: block k reads stream k mod n
+        self.alpha, self.mix, self.beta = nn.Parameter(alpha), nn.Parameter(torch.eye(n)), nn.Parameter(torch.ones(n))
+        self.dynamic = dynamic
+        if dynamic:
+            self.norm = build_norm(norm_cfg, d)
+            self.w = nn.Parameter(torch.zeros(d, n + 2))  # columns: W_m, W_β, W_r (n of them)
+            self.scale = nn.Parameter(torch.full((2,), DYNAMIC_SCALE))  # s_α, s_β
+
+    def weights(self, h):
+        if not self.dynamic:
+            return self.alpha, self.mix, self.beta
+        t = torch.tanh(self.norm(h) @ self.w)  # (n, B, T, n + 2): row i of H̄ gives row i's offsets
+        s_a, s_b = self.scale[0], self.scale[1]
+        alpha = self.alpha[:, None, None] + s_a * t[..., 0]
+        beta = self.beta[:, None, None] + s_b * t[..., 1]
+        mix = self.mix[:, :, None, None] + s_a * t[..., 2:].permute(0, 3, 1, 2)  # (source, target, B, T)
+        return alpha, mix, beta
+
+    def extra_repr(self) -> str:
+        return f"streams={self.alpha.numel()}, dynamic={self.dynamic}"
+
+
+def sinkhorn(logits: torch.Tensor, iters: int = SINKHORN_ITERS) -> torch.Tensor:
+    """Sinkhorn-Knopp on exp(logits) over the first two dims (rows, columns): a doubly-stochastic
+    matrix (columns sum to 1 up to rounding after the last step, rows to within its error)."""
+    m = torch.exp(logits - logits.amax(dim=(0, 1), keepdim=True).detach())  # the max out: no overflow
+    for _ in range(iters):  # a fixed count (see the module docstring); n² work per token
+        m = m / m.sum(dim=1, keepdim=True)  # rows
+        m = m / m.sum(dim=0, keepdim=True)  # columns
+    return m
+
+
+class ManifoldHyperConnection(_Connection):
+    """Xie et al. 2025: H ← H_res·H + H_postᵀ·drop(F(N(H_pre·H))), H_res doubly stochastic."""
+
+    def __init__(self, n: int, d: int, dynamic: bool, eps: float):
+        super().__init__()
+        self.n, self.dynamic = n, dynamic
+        self.b_pre = nn.Parameter(torch.full((n,), -math.log(n - 1) if n > 1 else 10.0))  # σ = 1/n (n = 1: ≈ 1)
+        self.b_post = nn.Parameter(torch.zeros(n))
+        self.b_res = nn.Parameter(torch.zeros(n, n))
+        if dynamic:
+            self.norm = RMSNorm(n * d, eps)  # over the flattened streams, as the paper (applied in weights)
+            self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + n * n))  # φ_pre, φ_post, φ_res
+            self.scale = nn.Parameter(torch.full((3,), DYNAMIC_SCALE))  # α_pre, α_post, α_res
+
+    def weights(self, h):
+        n = self.n
+        pre, post, res = self.b_pre, self.b_post, self.b_res
+        if self.dynamic:
+            # RMSNorm(vec H)·φ = rsqrt(mean(H²) + ε)·(vec H)·(diag(g)·φ): the division after the
+            # matmul, as the paper's kernels reorder it; here it saves flattening H (a copy of the
+            # streams kept for the backward): a bmm over the streams, summed, reads H in place.
+            phi = (self.norm.weight[:, None] * self.phi).view(n, -1, self.phi.shape[1])  # (n, d, k)
+            z = torch.bmm(h.flatten(1, 2), phi).sum(0).view(*h.shape[1:3], -1)  # (B, T, 2n + n²)
+            z = z * torch.rsqrt(h.pow(2).mean(dim=(0, 3)) + self.norm.eps)[..., None]
+            pre = pre[:, None, None] + self.scale[0] * z[..., :n].permute(2, 0, 1)
+            post = post[:, None, None] + self.scale[1] * z[..., n:2 * n].permute(2, 0, 1)
+            res = res[:, :, None, None] + self.scale[2] * z[..., 2 * n:].unflatten(-1, (n, n)).permute(2, 3, 0, 1)
+        # H_res[target, source]: the mix's (source, target) is its transpose
+        return torch.sigmoid(pre), sinkhorn(res).transpose(0, 1), 2 * torch.sigmoid(post)
+
+    def extra_repr(self) -> str:
+        return f"streams={self.n}, dynamic={self.dynamic}, sinkhorn_iters={SINKHORN_ITERS}"
+
+
+def build_connection(cfg, d: int, index: int) -> nn.Module | None:
+    """The hyper-connection of the residual block `index` (0-based, in forward order within its
+    stack), or None for residual=add."""
+    dynamic = cfg.residual_mixing == "dynamic"
+    if cfg.residual == "hyper":
+        return HyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm)
+    if cfg.residual == "mhc":
+        return ManifoldHyperConnection(cfg.residual_streams, d, dynamic, cfg.norm.eps)
+    return None
