@@ -180,6 +180,11 @@ def test_attention_options_are_in_the_names_and_arm_labels():
     assert identity.run_name(qk).startswith("bible_de_en-pre_ln-xavier-qk_l2-none-e3d3-s1-")
     assert identity.labels(qk)["arm"] == "pre_ln+qk_l2" and identity.labels(vr)["arm"] == "pre_ln+qk_rms+vres"
     assert identity.run_name(vr).startswith("bible_de_en-pre_ln-xavier-qk_rms+vres-none-e3d3-s1-")
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        hyper = compose(config_name="config", overrides=["+arm=hyper"])
+        mhc = compose(config_name="config", overrides=["+arm=mhc"])
+    assert identity.labels(hyper)["arm"] == "pre_ln+hyper4" and identity.labels(mhc)["arm"] == "pre_ln+mhc4_dynamic"
+    assert identity.run_name(mhc).startswith("bible_de_en-pre_ln-xavier-mhc4_dynamic-none-e3d3-s1-")
 
 
 def test_the_report_resolves_a_runs_saved_interval():

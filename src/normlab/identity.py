@@ -188,10 +188,15 @@ def data_label(data: Any) -> str:
 
 
 def attention_label(model: Any) -> str:
-    """What the attention adds to its scheme (issue 20): QK-norm (qk_l2, qk_rms) and the value
-    residual (vres), "+"-joined; "none" for today's attention (so no earlier run's name changes)."""
+    """What the attention and the residual stream add to the scheme (issue 20): QK-norm (qk_l2,
+    qk_rms), the value residual (vres) and hyper-connections (hyper4, mhc4_dynamic: n streams),
+    "+"-joined; "none" for today's model (so no earlier run's name changes)."""
     parts = [f"qk_{model['qk_norm']}"] if model.get("qk_norm") not in (None, "none") else []
-    return "+".join(parts + (["vres"] if model.get("value_residual") else [])) or "none"
+    parts += ["vres"] if model.get("value_residual") else []
+    if model.get("residual") not in (None, "add"):
+        dynamic = "_dynamic" if model.get("residual_mixing") == "dynamic" else ""
+        parts.append(f"{model['residual']}{model.get('residual_streams')}{dynamic}")
+    return "+".join(parts) or "none"
 
 
 def labels(cfg: Any) -> dict[str, str]:
@@ -205,7 +210,7 @@ def labels(cfg: Any) -> dict[str, str]:
     if agg != "none":
         arm = f"{agg}_{arm.removesuffix('_ln')}"
     attention = attention_label(c.get("model") or {})
-    if attention != "none":  # conf/arm/pre_qk_norm, pre_value_residual: pre_ln+qk_l2, pre_ln+vres
+    if attention != "none":  # conf/arm/pre_qk_norm, pre_value_residual, hyper: pre_ln+qk_l2, pre_ln+hyper4
         arm = f"{arm}+{attention}"
     schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
     return {"norm": norm, "init": init, "aggregation": agg, "attention": attention,
