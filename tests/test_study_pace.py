@@ -63,3 +63,13 @@ def test_a_trains_claim_shows_how_far_its_arm_got(tmp_path):
     (tmp_path / "s" / "claims.json").write_text(json.dumps({"study": "s", "budget": "full", "claims": [claim]}))
     update_index(tmp_path / "README.md")
     assert "| x: completed 1 (test_bleu 1.36) | **held** |" in (tmp_path / "README.md").read_text()
+
+
+def test_a_study_part_way_says_how_many_runs_it_has():
+    from types import SimpleNamespace
+
+    from normlab.study.readme import _unfinished
+
+    study = SimpleNamespace(arms={"a": 1, "b": 2}, seeds=[1, 2], kind="train")
+    assert _unfinished(study, {"runs": 3}) == "; 3 of 4 planned runs recorded, the same command continues"
+    assert _unfinished(study, {"runs": 4}) == ""

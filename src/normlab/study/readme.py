@@ -103,7 +103,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               f"{c['machine_hours']:.2f} machine-hours on this machine (the runs' wall times, each divided by "
               f"the runs that trained beside it; seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.seeds))} planned" if c["seeds"] != sorted(study.seeds) else "")
-              + ").", "",
+              + ")" + _unfinished(study, c) + ".", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better
@@ -188,6 +188,15 @@ def _plots(study: Study, by_arm: dict[str, list[Record]], out: Path) -> list[tup
     plt.close(fig)
     made.append((f"{metric} per arm", f"{metric}.png"))
     return made
+
+
+def _unfinished(study: Study, cost: dict) -> str:
+    """`; 9 of 14 planned runs recorded`: a study that is part way (a seed of some arms only) says
+    so beside its seeds; the same command continues it."""
+    planned = len(study.arms) * len(study.seeds)
+    if study.kind == "probe" or cost["runs"] >= planned:
+        return ""
+    return f"; {cost['runs']} of {planned} planned runs recorded, the same command continues"
 
 
 def outcome_text(statuses: dict, mean, metric: str) -> str:
