@@ -370,7 +370,7 @@ def test_output_change_probe_study(tmp_path):
     assert (tmp_path / "out" / "output_change.png").is_file()
     assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
     r = run_study(args)
-    assert r.returncode == 0 and "24 probes, 0 to run" in r.stdout
+    assert r.returncode == 0 and f"{len(study.arms) * len(study.seeds)} probes, 0 to run" in r.stdout
 
 
 def test_every_training_study_names_a_paper_size_sweep_that_exists():
