@@ -10,6 +10,12 @@ MIX_RATIO = 0.25  # norm.mix_ratio's default: Mix-LN's α, its post-norm share o
 SCHEMES: dict[str, "Scheme"] = {}  # norm.placement -> its scheme, in the order of the choice list
 
 
+# DenseFormer averages one stream of layer outputs (Pagliardini et al. 2024): a scheme with its own
+# cross-layer connection (ResiDual's second stream, B2T's skip over the layer) refuses it with this
+OWN_CROSS_LAYER = ("the scheme has its own cross-layer connection (a second stream or a skip over the layer); "
+                   "choose one")
+
+
 class Scheme:
     """A residual scheme: its block forward (on a ResidualBlock's norm, sublayer, dropout and own
     parameters), its stack's input and output, its initial scaling and its refused combinations.

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from normlab.model.norms import build_norm
-from normlab.model.schemes.base import Scheme
+from normlab.model.schemes.base import OWN_CROSS_LAYER, Scheme
 
 
 class Post(Scheme):
@@ -144,8 +144,7 @@ class ResiDual(Scheme):
     name, paper = "resi_dual", "Xie et al. 2023"
     no_dlcl = "ResiDual's dual stream is its own cross-layer connection; choose one"
     # DenseFormer averages one stream of layer outputs (Pagliardini et al. 2024); ResiDual has two
-    no_dwa = ("the scheme has its own cross-layer connection (a second stream or a skip over the layer); "
-              "choose one")
+    no_dwa = OWN_CROSS_LAYER
 
     def forward(self, block, x, *args, **kwargs):
         x, dual = x.unbind(0)  # (B, T, D) each

@@ -11,7 +11,7 @@ from torch import nn
 
 from normlab.model.attention import QKVNorm
 from normlab.model.norms import build_norm
-from normlab.model.schemes.base import SCHEMES, Scheme
+from normlab.model.schemes.base import OWN_CROSS_LAYER, SCHEMES, Scheme
 from normlab.model.schemes.classic import Post, Pre
 
 
@@ -33,8 +33,7 @@ class B2T(Post):
     no_dlcl = "B2T's bottom-to-top skip and DLCL are two different cross-layer connections; choose one"
     # its layer adds its own input past its sub-layers: a cross-layer connection DenseFormer neither
     # defines a combination with nor needs
-    no_dwa = ("the scheme has its own cross-layer connection (a second stream or a skip over the layer); "
-              "choose one")
+    no_dwa = OWN_CROSS_LAYER
 
     def last_forward(self, block, x, layer_input, *args, **kwargs):
         out = block.sublayer(x, *args, **kwargs)
