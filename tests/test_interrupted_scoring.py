@@ -10,10 +10,8 @@ from normlab.train import run
 from conftest import compose_cfg, tiny_overrides
 
 
-def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpus, tmp_path, monkeypatch):
-    over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
-        "trainer.max_steps=6", "trainer.val_check_interval=3", "eval.test_greedy=false", "eval.test_average=false"]
-
+def interrupted_while_scoring(over: list[str], monkeypatch) -> None:
+    """Train the run, then press Ctrl-C while the final scoring runs (it raises out of run)."""
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt  # the user presses Ctrl-C while the test set decodes
 
@@ -21,6 +19,13 @@ def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpu
         m.setattr(train_mod, "final_scores", ctrl_c)
         with pytest.raises(KeyboardInterrupt):
             run(compose_cfg(over))
+
+
+def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpus, tmp_path, monkeypatch):
+    over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
+        "trainer.max_steps=6", "trainer.val_check_interval=3", "eval.test_greedy=false", "eval.test_average=false"]
+
+    interrupted_while_scoring(over, monkeypatch)
     first = json.loads((tmp_path / "run" / "results.json").read_text())
     assert first["status"] == "interrupted" and "test_bleu" not in first and first["steps"] == 6
     again = run(compose_cfg(over))  # the same command: continues (nothing left to train), then scores
@@ -39,13 +44,7 @@ def test_a_run_the_stall_guard_stopped_is_not_trained_further_by_its_rerun(small
         "eval.decoder.max_len_b=5", "callbacks.stall.stop_after=8", "callbacks.stall.margin=-0.5", "optim.lr=1e-12",
         "optim.warmup=1", "callbacks.full_checkpoint.every_n_steps=7"]
 
-    def ctrl_c(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(train_mod, "final_scores", ctrl_c)
-        with pytest.raises(KeyboardInterrupt):
-            run(compose_cfg(over))
+    interrupted_while_scoring(over, monkeypatch)
     first = json.loads((tmp_path / "run" / "results.json").read_text())
     assert first["status"] == "interrupted" and first["steps"] == 20
     again = run(compose_cfg(over))
@@ -69,13 +68,7 @@ def test_a_stall_decided_at_the_last_step_survives_an_interrupted_scoring(small_
     over = _stalling(small_corpus, tmp_path / "run", tmp_path / "cache", "trainer.max_steps=20",
                      "callbacks.full_checkpoint.every_n_steps=10")
 
-    def ctrl_c(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(train_mod, "final_scores", ctrl_c)
-        with pytest.raises(KeyboardInterrupt):
-            run(compose_cfg(over))
+    interrupted_while_scoring(over, monkeypatch)
     first = json.loads((tmp_path / "run" / "results.json").read_text())
     assert first["status"] == "interrupted" and first["steps"] == 20 and first["stall_reason"]
     again = run(compose_cfg(over))
