@@ -21,7 +21,8 @@ from normlab.study.runner import plan
 from normlab.study.spec import available, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ["deep_bleu", "deep_recent", "drophead", "layerdrop_prune", "twt_lowres", "twt_scalenorm"]
+STUDIES = ["deep_bleu", "deep_recent", "drophead", "layerdrop_prune", "layerdrop_prune_2k", "twt_lowres",
+           "twt_scalenorm"]
 
 
 def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
@@ -66,8 +67,11 @@ def test_studies_share_identical_arms(tmp_path):
     """The same resolved config is the same run folder in every study (trained once)."""
     lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
     scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm"), tmp_path, tmp_path)}
-    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
+    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_2k"), tmp_path, tmp_path)}
     assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
+    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
+    drophead = {j.tag: j.run_name for j in plan(load_study("drophead"), tmp_path, tmp_path)}
+    assert prune["scratch3 seed 2"] == drophead["none seed 2"]  # the CPU default at 4,000 steps
     deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu"), tmp_path, tmp_path)}
     recent = {j.tag: j.run_name for j in plan(load_study("deep_recent"), tmp_path, tmp_path)}
     assert deep["pre_ln seed 2"] == recent["pre_ln seed 2"] and deep["post_ln seed 1"] == recent["post_ln seed 1"]

@@ -10,7 +10,7 @@ report, and the verdicts of its claims, written to experiments/<name>/.
 A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/runs/ (not in the
 repository; named by their identity, so studies that share an arm share its runs); records of finished runs to experiments/<name>/runs/ (small, committed), and a
 record whose run identity matches counts as done, so a study continues on another machine from its
-committed records. SIGTERM or Ctrl-C stops every running job at a checkpoint; the same command
+committed records, and a run another study recorded is copied from its record (runner.adopt_shared). SIGTERM or Ctrl-C stops every running job at a checkpoint; the same command
 continues. Another budget (smoke) writes to studies/<name>-<budget>/ and never to experiments/.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from normlab.study.claims import judge, read_refs
     from normlab.study.readme import update_index, write_study
     from normlab.study.records import load_records
-    from normlab.study.runner import Sweep, plan
+    from normlab.study.runner import Sweep, adopt_shared, plan
     from normlab.study.spec import available, load_study
 
     args = parse(argv)
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         jobs = plan(study, runs, out)  # every arm composed and validated before anything runs
         _keep_references(jobs, out)
+        if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
+            adopt_shared(jobs, out.parent)
     if jobs and not args.report_only:
         sweep = Sweep(study, jobs, runs, parallel=args.jobs)
         code = sweep.run()

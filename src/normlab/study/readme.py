@@ -46,10 +46,13 @@ def arm_rows(study: Study, by_arm: dict[str, list[Record]]) -> list[dict]:
 def cost(by_arm: dict[str, list[Record]]) -> dict:
     """Machine-hours: each run's wall time over the runs that shared the machine with it (--jobs)."""
     recs = [r for rs in by_arm.values() for r in rs]
+    own = [r for r in recs if not r.results.get("shared_from")]  # a shared run's cost is its study's
     wall = sum(float(r.results.get("wall_s") or 0) / max(1, int((r.results.get("study") or {}).get("jobs") or 1))
-               for r in recs)
+               for r in own)
     steps = sorted({int(r.results.get("steps") or 0) for r in recs})
-    return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs})}
+    shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
+    return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
+            "shared": len(recs) - len(own), "shared_with": shared}
 
 
 def verdict_cell(v: Verdict) -> str:
@@ -103,7 +106,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               f"{c['machine_hours']:.2f} machine-hours on this machine (the runs' wall times, each divided by "
               f"the runs that trained beside it; seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.seeds))} planned" if c["seeds"] != sorted(study.seeds) else "")
-              + ")" + _unfinished(study, c) + ".", "",
+              + ")" + _shared(c) + _unfinished(study, c) + ".", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better
@@ -188,6 +191,15 @@ def _plots(study: Study, by_arm: dict[str, list[Record]], out: Path) -> list[tup
     plt.close(fig)
     made.append((f"{metric} per arm", f"{metric}.png"))
     return made
+
+
+def _shared(cost: dict) -> str:
+    """Runs recorded by another study with the same identity (runner.adopt_shared): trained once,
+    their machine-hours counted in that study."""
+    if not cost.get("shared"):
+        return ""
+    return (f"; {cost['shared']} of the runs shared with {', '.join(cost['shared_with'])} (the same runs, trained "
+            "once; their machine-hours are counted there)")
 
 
 def _unfinished(study: Study, cost: dict) -> str:

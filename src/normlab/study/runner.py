@@ -104,6 +104,43 @@ def record_done(job: Job) -> dict | None:
     return res
 
 
+def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
+    """Jobs whose run another study has recorded (the same identity hash, finished, under
+    <records>/<study>/runs/): its record is copied into this study's, marked `shared_from`, so a run
+    two studies share is trained once on any machine, not only where its run folder still is. A
+    pruned arm adopts only a record with the prune's translations. Returns the jobs adopted."""
+    if not records.is_dir():
+        return []
+    index: dict[str, Path] = {}
+    for res_path in sorted(records.glob("*/runs/*/results.json")):
+        try:
+            res = json.loads(res_path.read_text())
+        except ValueError:
+            continue
+        if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
+            index.setdefault(res["identity_hash"], res_path.parent)
+    adopted = []
+    for job in jobs:
+        src = index.get(job.identity_hash)
+        if src is None or src == job.record or record_done(job) is not None:
+            continue
+        if job.arm.prune and not list(src.glob("prune.*.test.hyp.gz")):
+            continue
+        res = json.loads((src / "results.json").read_text())
+        origin = res.get("study") or {}
+        tmp = job.record.with_name(f".{job.record.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        res.update(study={**origin, "arm": job.arm.name, "seed": job.seed, "overrides": job.overrides},
+                   shared_from={"study": origin.get("name") or src.parents[1].name, "record": src.name})
+        (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+        shutil.rmtree(job.record, ignore_errors=True)
+        os.replace(tmp, job.record)
+        say(f"shared {job.tag}: the run {src.parents[1].name}/{src.name} recorded (same identity)")
+        adopted.append(job)
+    return adopted
+
+
 def run_results(job: Job) -> dict | None:
     path = job.run_dir / "results.json"
     try:

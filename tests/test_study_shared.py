@@ -1,0 +1,80 @@
+"""Runs two studies share (the same resolved config, so the same identity) are trained once on any
+machine: a study adopts another study's committed record of the run (runner.adopt_shared), marks
+it `shared_from`, and its Cost line counts the run's machine-hours in the study that trained it."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from normlab.study.readme import cost
+from normlab.study.records import load_records
+from normlab.study.runner import adopt_shared, plan, record_done
+from normlab.study.spec import load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def committed(tmp_path, *studies) -> Path:
+    """A copy of experiments/ with the given studies' records."""
+    root = tmp_path / "experiments"
+    for name in studies:
+        shutil.copytree(ROOT / "experiments" / name / "runs", root / name / "runs")
+    return root
+
+
+def test_layerdrop_prune_adopts_droheads_no_drophead_runs_as_its_scratch_model(tmp_path):
+    root = committed(tmp_path, "drophead")
+    study = load_study("layerdrop_prune")
+    jobs = plan(study, tmp_path / "runs", root / "layerdrop_prune")
+    said = []
+    adopted = adopt_shared(jobs, root, said.append)
+    assert sorted(j.tag for j in adopted) == ["scratch3 seed 1", "scratch3 seed 2"]
+    assert all(record_done(j) is not None for j in adopted)  # the sweep skips them
+    assert all(record_done(j) is None for j in jobs if j not in adopted)  # the rest still train
+    assert said[0] == "shared scratch3 seed 1: the run drophead/none-s1 recorded (same identity)"
+    by_arm = load_records(root / "layerdrop_prune")
+    (s1, s2) = by_arm["scratch3"]
+    source = json.loads((root / "drophead" / "runs" / "none-s1" / "results.json").read_text())
+    assert s1.results["test_bleu"] == source["test_bleu"] and s1.seed == 1 and s2.seed == 2
+    assert s1.results["shared_from"] == {"study": "drophead", "record": "none-s1"}
+    assert (s1.path / "test.hyp.gz").read_bytes() == (root / "drophead" / "runs" / "none-s1" / "test.hyp.gz").read_bytes()
+    # counted once: the drophead study paid for these runs
+    c = cost(by_arm)
+    assert c["runs"] == 2 and c["shared"] == 2 and c["machine_hours"] == 0 and c["shared_with"] == ["drophead"]
+    # a second call adopts nothing more and does not adopt from the copies it made
+    assert adopt_shared(jobs, root) == []
+
+
+def test_nothing_is_adopted_across_identities_unfinished_runs_or_without_prune_translations(tmp_path):
+    root = committed(tmp_path, "drophead", "layerdrop_prune_2k")
+    none_s1 = root / "drophead" / "runs" / "none-s1" / "results.json"
+    res = json.loads(none_s1.read_text())
+    none_s1.write_text(json.dumps(dict(res, status="preempted")))  # not finished: trained again
+    jobs = plan(load_study("layerdrop_prune"), tmp_path / "runs", root / "layerdrop_prune")
+    assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 2"]
+    # layerdrop_prune_2k's 2,000-step runs are other runs (another identity): none is adopted,
+    # and a pruned arm whose source record has no pruned translations is not adopted either
+    (job,) = [j for j in jobs if j.tag == "ld0 seed 1"]
+    fake = root / "other" / "runs" / "x-s1"
+    fake.mkdir(parents=True)
+    (fake / "results.json").write_text(json.dumps({"status": "completed", "identity_hash": job.identity_hash,
+                                                   "study": {"name": "other", "arm": "x", "seed": 1}}))
+    assert adopt_shared([job], root) == []
+    (fake / "prune.every_other.r3.test.hyp.gz").write_bytes(b"")
+    assert adopt_shared([job], root) == [job]
+
+
+def test_the_cost_line_says_which_runs_were_shared(tmp_path):
+    from normlab.study.claims import judge
+    from normlab.study.readme import write_study
+
+    root = committed(tmp_path, "drophead")
+    study = load_study("layerdrop_prune")
+    out = root / "layerdrop_prune"
+    adopt_shared(plan(study, tmp_path / "runs", out), root)
+    by_arm = load_records(out)
+    text = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study layerdrop_prune").read_text()
+    assert ("2 runs of 4000 steps, 0.00 machine-hours on this machine" in text
+            and "; 2 of the runs shared with drophead (the same runs, trained once; their machine-hours are "
+                "counted there); 2 of 8 planned runs recorded" in text)
