@@ -286,6 +286,8 @@ def test_cli_errors_are_one_line(tmp_path):
     for args, msg in ((["nosuch"], "error: study 'nosuch': no such study (allowed: "),
                       (["twt_lowres", "study.budget=huge"], "error: study.budget: 'huge' is not a budget"),
                       (["twt_lowres", "--jobs", "0"], "error: --jobs: 0 must be >= 1"),
+                      (["twt_lowres", "trainer.accelerator=tpu"], "error: trainer.accelerator=tpu: not a study setting "
+                       "(allowed: study.budget=<full|smoke>, trainer.accelerator=<cpu|gpu|cuda|mps|auto>)"),
                       (["twt_lowres", "foo=1"], "error: foo=1: not a study setting")):
         r = run_study(args + ["--out", str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
         assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -465,5 +467,27 @@ def test_jobs_default_to_one_per_core_on_a_cpu_machine(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert parse(["twt_lowres"]).jobs == 2  # more is not measured
     assert parse(["twt_lowres", "--jobs", "1"]).jobs == 1
+    # the runs train where trainer.accelerator says (conf/trainer/cpu.yaml: cpu), a GPU or not
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert parse(["twt_lowres"]).jobs == 1
+    assert parse(["twt_lowres"]).jobs == 2 and parse(["twt_lowres"]).launch == []
+    on_gpu = parse(["twt_lowres", "trainer.accelerator=gpu"])
+    assert on_gpu.jobs == 1 and on_gpu.launch == ["trainer.accelerator=gpu"]
+    assert parse(["twt_lowres", "trainer.accelerator=auto"]).jobs == 1
+
+
+def test_a_study_on_a_gpu_launches_the_same_runs_there(tmp_path):
+    """trainer.accelerator is where a run trains, not what it is: the study's runs keep their
+    identity (their records are found on either machine) and each train command gets the setting."""
+    from normlab.commands.study import parse
+    from normlab.identity import NOT_IDENTITY
+    from normlab.study.runner import Sweep
+
+    assert "trainer.accelerator" in NOT_IDENTITY
+    args = parse(["twt_lowres", "trainer.accelerator=gpu"])
+    study = load_study("twt_lowres")
+    jobs = plan(study, tmp_path / "runs", tmp_path / "out")
+    sweep = Sweep(study, jobs, tmp_path / "runs", parallel=args.jobs, launch=args.launch)
+    cmd = sweep._train_command(jobs[0])
+    assert cmd[cmd.index("normlab.commands.train") + 1:][:len(jobs[0].overrides)] == jobs[0].overrides
+    assert "trainer.accelerator=gpu" in cmd and cmd.index("trainer.accelerator=gpu") > len(jobs[0].overrides)
+    sweep.log_file.close()

@@ -5,6 +5,7 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study twt_lowres --jobs 1          # one run at a time (default on a CPU: 2, a core each)
     normlab-study twt_lowres study.budget=smoke   # the machinery in seconds (a test, not a result)
     normlab-study twt_lowres --report-only     # judge and write the README from the records alone
+    normlab-study twt_lowres trainer.accelerator=gpu   # the same runs on a GPU, one at a time
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
 A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/runs/ (not in the
@@ -30,7 +31,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = CommandParser(prog="normlab-study", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", nargs="?", help="the study (conf/study/<name>.yaml)")
-    ap.add_argument("settings", nargs="*", help="study.budget=smoke (or --budget)")
+    ap.add_argument("settings", nargs="*", help="study.budget=smoke (or --budget); trainer.accelerator=gpu "
+                    "(where the runs train: not part of their identity, so the records are the same runs)")
     ap.add_argument("--budget", default=None, help="full (default) or smoke, or a budget of the study file")
     ap.add_argument("--jobs", type=int, default=None,
                     help="runs at a time, the CPU cores split between them (default: 1 with a GPU; on a "
@@ -41,14 +43,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
+    args.launch, accelerator = [], "cpu"  # conf/trainer/cpu.yaml: the runs' default
     for item in args.settings:
         key, sep, value = item.partition("=")
-        if key not in ("study.budget", "budget") or not sep:
-            raise UserError(item, "not a study setting", ["study.budget=<full|smoke>"])
-        args.budget = value
+        if key in ("study.budget", "budget") and sep:
+            args.budget = value
+        elif key == "trainer.accelerator" and value in ACCELERATORS:
+            args.launch, accelerator = [f"trainer.accelerator={value}"], value
+        else:
+            raise UserError(item, "not a study setting",
+                            ["study.budget=<full|smoke>", f"trainer.accelerator=<{'|'.join(ACCELERATORS)}>"])
     args.budget = args.budget or "full"
     if args.jobs is None:
-        args.jobs = default_jobs()
+        args.jobs = default_jobs(accelerator)
     if args.jobs < 1:
         raise UserError("--jobs", f"{args.jobs} must be >= 1")
     if not args.list and not args.name:
@@ -56,13 +63,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def default_jobs() -> int:
-    """Small models use two cores poorly: on a CPU-only machine two runs with a core each finish more
-    runs per hour than one run on both (benchmarks/study_throughput.py). More than 2 is not measured;
-    with a GPU the runs take turns on it."""
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+
+
+def default_jobs(accelerator: str = "cpu") -> int:
+    """Small models use two cores poorly: runs on the CPU train two at a time with a core each, which
+    finishes more runs per hour than one run on both cores (benchmarks/study_throughput.py; more than
+    2 is not measured). Runs on a GPU take turns on it."""
     import torch
 
-    if torch.cuda.is_available():
+    if accelerator in ("gpu", "cuda", "mps") or (accelerator == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, min(2, os.cpu_count() or 1))
 
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
             adopt_shared(jobs, out.parent)
     if jobs and not args.report_only:
-        sweep = Sweep(study, jobs, runs, parallel=args.jobs)
+        sweep = Sweep(study, jobs, runs, parallel=args.jobs, launch=args.launch)
         code = sweep.run()
         if code:
             return code
