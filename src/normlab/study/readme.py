@@ -83,7 +83,9 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         shape = shape_lines(study, by_arm)
         if shape:
             probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
-    (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget,
+    planned = len(study.arms) * len(study.seeds)
+    (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
+                                                 "cost": {**c, "planned": planned},
                                                  "claims": [v.as_dict() for v in verdicts]}, indent=2) + "\n")
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -223,6 +225,30 @@ def status_text(statuses: dict) -> str:
                      for arm, st in statuses.items())
 
 
+def cost_table(folder: Path) -> list[str]:
+    """What each study cost this machine (its README's Cost line) and the total of the training
+    studies; runs shared between studies count once, in the study that trained them."""
+    rows, total_runs, total_hours = [], 0, 0.0
+    for path in sorted(folder.glob("*/claims.json")):
+        data = json.loads(path.read_text())
+        c = data.get("cost")
+        if data.get("budget") != "full" or not c:
+            continue
+        own = c["runs"] - c.get("shared", 0)
+        shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
+        unit = "probes" if data.get("kind") == "probe" else "runs"
+        rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
+                    f"{', '.join(map(str, c.get('steps') or [])) or '—'} | {c['machine_hours']:.2f} |")
+        if data.get("kind") != "probe":
+            total_runs, total_hours = total_runs + own, total_hours + c["machine_hours"]
+    if not rows:
+        return []
+    return ["## What the studies cost", "",
+            "Machine-hours of this 2-core machine: each run's wall time divided by the runs that trained beside it.", "",
+            "| study | runs recorded (of planned) | steps | machine-hours |", "|---|---|---|---:|", *rows,
+            f"| **training studies, total** | {total_runs} runs | | **{total_hours:.2f}** |"]
+
+
 def update_index(index: Path) -> None:
     """Rewrite the claims table of experiments/README.md from every study's claims.json."""
     rows = ["| study | claim (A vs B, metric) | source | paper | ours: A − B (95% interval) | verdict |",
@@ -243,11 +269,16 @@ def update_index(index: Path) -> None:
             who = f"{c['better']} vs {c['than']}" if c.get("than") else c["better"]
             rows.append(f"| [{data['study']}]({path.parent.name}/) | {c['claim']} ({who}, {c['metric']}) | "
                         f"{c['source']} | {c['paper']} | {ours} | **{c['verdict']}** |")
-    table = "\n".join([BEGIN, *rows, END])
+    table = "\n".join([BEGIN, *rows, "", *cost_table(index.parent), END])
     text = index.read_text() if index.is_file() else "# Studies\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
-        text = head + table + rest.split(END, 1)[1]
+        rest = rest.split(END, 1)[1]
+        while BEGIN in rest and END in rest.split(BEGIN, 1)[1]:  # a stale second copy of the table: dropped
+            before, after = rest.split(BEGIN, 1)
+            before = before.rstrip().removesuffix("## Every claim, judged").rstrip() + "\n"
+            rest = before + after.split(END, 1)[1]
+        text = head + table + rest
     else:
         text = text.rstrip() + "\n\n## Every claim, judged\n\n" + table + "\n"
     index.write_text(text)
