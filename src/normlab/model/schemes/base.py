@@ -78,11 +78,15 @@ class Scheme:
     def stream_input(self) -> nn.Module:
         return nn.Identity()
 
+    # Whether a stack ends with one more N; None: when the scheme is pre-norm-like (pre_like).
+    final_n: bool | None = None
+
     def final_norm(self, norm_cfg, d: int) -> nn.Module:
         # What each stack applies to its last layer's output. Pre-norm-like schemes leave the
         # residual stream un-normalised, so each stack ends with one more N (Wang et al. 2019; Nguyen &
         # Salazar 2019); post-norm's last sub-layer already normalised; ReZero has no norm.
-        return build_norm(norm_cfg, d) if self.pre_like else nn.Identity()
+        final = self.pre_like if self.final_n is None else self.final_n
+        return build_norm(norm_cfg, d) if final else nn.Identity()
 
     def inner_norm(self, norm_cfg, d: int, kind: str) -> nn.Module | None:
         """A norm inside the sub-layer of `kind` (encoder_self, decoder_self, cross, ffn), or None."""

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from normlab.model.attention import QKVNorm
-from normlab.model.norms import build_norm
 from normlab.model.schemes.base import OWN_CROSS_LAYER, SCHEMES, Scheme
 from normlab.model.schemes.classic import Post, Pre
 
@@ -97,6 +96,7 @@ class Mix(Scheme):
     keys do not depend on ⌊αL⌋ (a pruned model, rebuilt with fewer layers, loads its own). Each
     block stores its choice in a persistent buffer (`post_norm`): pruning keeps it."""
     name, paper = "mix", "Li et al. 2025, Mix-LN"
+    final_n = True  # for every α, as above
     mix_ratio = True
     no_dlcl = "DLCL has a post-norm and a pre-norm form, Mix-LN's layers are both; choose one"
 
@@ -110,9 +110,6 @@ class Mix(Scheme):
 
     def forward(self, block, x, *args, **kwargs):
         return SCHEMES["post" if block.post_norm_layer else "pre"].forward(block, x, *args, **kwargs)
-
-    def final_norm(self, norm_cfg, d):
-        return build_norm(norm_cfg, d)
 
 
 class Hybrid(Scheme):
@@ -131,6 +128,7 @@ class Hybrid(Scheme):
     (the paper's variant whose first layer is pre-norm: norm_pos_special_config {0: attn_norm, no
     ffn_residual}). An attention block's own norm is the identity: its sub-layer normalises its inputs."""
     name, paper = "hybrid", "Zhuo et al. 2025, HybridNorm"
+    final_n = True  # h + FFN(h) leaves the stream un-normalised (OLMo's final ln_f)
     # DLCL's pre form normalises layer outputs, its post form their combination: HybridNorm
     # normalises inside the layer (before the FFN) and neither paper defines the combination.
     no_dlcl = "HybridNorm's norm sits inside the layer, before the FFN, DLCL's at the layers' outputs; choose one"
@@ -142,9 +140,6 @@ class Hybrid(Scheme):
     def forward(self, block, x, *args, **kwargs):
         h = block.norm(x)
         return block.dropout.add(h, block.sublayer(h, *args, **kwargs))
-
-    def final_norm(self, norm_cfg, d):
-        return build_norm(norm_cfg, d)
 
     def inner_norm(self, norm_cfg, d, kind):
         return None if kind == "ffn" else QKVNorm(norm_cfg, d)
