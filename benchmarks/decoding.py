@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load(args):
     from normlab.checkpoint import load_model
-    from normlab.config import RUNTIME_MODEL_KEYS, ModelConfig
+    from normlab.config import ModelConfig
+    from normlab.run_config import RUNTIME_MODEL_KEYS
     from normlab.data.datamodule import TranslationDataModule
     from normlab.model.transformer import Seq2SeqTransformer
     from omegaconf import OmegaConf

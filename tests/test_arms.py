@@ -277,7 +277,7 @@ ARMS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "a
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_file_builds_trains_a_step_and_decodes(arm):
-    from normlab.config import model_config_from_hydra
+    from normlab.run_config import model_config_from_hydra
     from normlab.decoding.greedy import greedy_decode
 
     from conftest import compose_cfg

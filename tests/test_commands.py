@@ -246,7 +246,8 @@ def test_step_checkpoints_are_ordered_by_step(tmp_path):
 
 
 def test_default_config_tests_like_the_papers():
-    from normlab.config import ConfigError, validate_run_config
+    from normlab.config import ConfigError
+    from normlab.run_config import validate_run_config
 
     cfg = compose_cfg([])
     assert dict(cfg.eval.test_decoder) == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 50, "min_len": 0}

@@ -5,7 +5,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from normlab.config import ConfigError, ModelConfig, NormConfig, validate_run_config
+from normlab.config import ConfigError, ModelConfig, NormConfig
+from normlab.run_config import validate_run_config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -148,7 +148,7 @@ def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
     ("scalenorm", ("scalenorm", "pre", False)), ("scalenorm_fixnorm", ("scalenorm", "pre", True)),
     ("rmsnorm", ("rmsnorm", "pre", False)), ("dyt", ("dyt", "pre", False)), ("derf", ("derf", "pre", False))])
 def test_norm_options(option, expected):
-    from normlab.config import validate_run_config
+    from normlab.run_config import validate_run_config
 
     norm = validate_run_config(compose_cfg([f"norm={option}", "logger=csv"])).norm
     assert (norm.type, norm.placement, norm.fixnorm) == expected

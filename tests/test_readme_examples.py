@@ -42,7 +42,7 @@ import pytest
 from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, translate
 from normlab.commands.common import main_guard
 from normlab.commands.train import main as train_main
-from normlab.config import validate_run_config
+from normlab.run_config import validate_run_config
 
 from conftest import ROOT, compose_cfg, tiny_overrides
 

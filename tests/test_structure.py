@@ -60,7 +60,7 @@ def test_model_package_imports_nothing_upstream():
 
 
 def test_choice_lists_are_the_owners():
-    from normlab import config, losses, lr_schedule
+    from normlab import config, losses, lr_schedule, run_config
     from normlab.config import ConfigError, NormConfig
     from normlab.model import attention, initialization, norms, schemes
     from normlab.regularizers import layerdrop
@@ -68,8 +68,8 @@ def test_choice_lists_are_the_owners():
     assert config.PLACEMENTS is schemes.PLACEMENTS == tuple(schemes.SCHEMES)  # the registry owns them
     assert config.INITS is initialization.INITS
     assert config.QK_NORMS is attention.QK_NORMS
-    assert config.LAYERDROP_RATES is layerdrop.RATES and config.LR_SCHEDULES is lr_schedule.SCHEDULES
-    assert config.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
+    assert config.LAYERDROP_RATES is layerdrop.RATES and run_config.LR_SCHEDULES is lr_schedule.SCHEDULES
+    assert run_config.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
     with pytest.raises(ConfigError, match=r"\(allowed: " + ", ".join(norms.NORMS) + r"\)"):
         NormConfig(type="batchnorm").validate()
 
@@ -132,10 +132,10 @@ def test_only_the_schemes_compare_placements():
 
 # The raw Hydra config is read where a run is resolved (issue 18): the commands, the study runner
 # (it composes its arms to name them), the resolution itself (run_spec, identity, resolvers,
-# config's validation, run_folder's naming, failure's naming of a run that did not resolve); the
+# config's validation (run_config), run_folder's naming, failure's naming of a run that did not resolve); the
 # Hydra wiring of objects (callbacks, loggers) instantiates nodes it is handed and reads no value.
 RESOLUTION = ("normlab.commands", "normlab.study", "normlab.run_spec", "normlab.identity", "normlab.resolvers",
-              "normlab.config", "normlab.run_folder", "normlab.failure")
+              "normlab.config", "normlab.run_config", "normlab.run_folder", "normlab.failure")
 WIRING = ("normlab.callbacks", "normlab.loggers")
 
 

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from normlab.config import validate_run_config
+from normlab.run_config import validate_run_config
 from normlab.train import run
 
 from conftest import CONF, ROOT, compose_cfg, tiny_overrides

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import identity
 from normlab.budget import budget_notes, trainer_overrides
-from normlab.config import ConfigError, ModelConfig, check_machine, model_config_from_hydra, validate_run_config
+from normlab.config import ConfigError, ModelConfig
+from normlab.run_config import check_machine, model_config_from_hydra, validate_run_config
 from normlab.run_folder import hydra_choices, run_dir_of, start_model
 
 

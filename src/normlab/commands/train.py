@@ -52,7 +52,7 @@ def task(cfg: DictConfig) -> float | None:
     """The Hydra job: validate, run, and on failure record it (sweep) or clean up (single run)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from normlab.config import validate_run_config
+    from normlab.run_config import validate_run_config
     from normlab.failure import is_multirun_job, record_failure
 
     normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py

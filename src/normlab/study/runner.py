@@ -52,7 +52,7 @@ def compose(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
 
     from normlab.commands.train import config_dir, hydra_error_line
-    from normlab.config import validate_run_config
+    from normlab.run_config import validate_run_config
 
     GlobalHydra.instance().clear()
     try:
