@@ -2,8 +2,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
 
 from conftest import ROOT
+from test_final_test import independent_scores
 
 
 def ddp_run(small_corpus, tmp_path, *extra):
@@ -36,3 +41,27 @@ def test_two_process_ddp_with_the_attention_options_and_layer_one_dropped(small_
     ddp_run(small_corpus, tmp_path, "model.encoder_layers=3", "model.decoder_layers=3", "model.value_residual=true",
             "model.qk_norm=l2", "norm=derf", "regularizer.encoder_layerdrop=0.5", "regularizer.decoder_layerdrop=0.5",
             "eval.test=false")
+
+
+def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(small_corpus, tmp_path):
+    """The final passes under DDP: each rank scores its shard of the split (the loader the data module
+    builds for it), the ranks' loss sums and hypotheses are combined, and the scores equal what one
+    process computes from the checkpoint files over the whole split. 7 eval batches (eval_max_tokens
+    512): the shards are padded with a repeated batch, which must count once. (No LayerDrop: its
+    draw counters differ between step checkpoints, which averaging refuses.)"""
+    results = ddp_run(small_corpus, tmp_path, "data.eval_max_tokens=512", "callbacks.step_checkpoints.every_n_steps=3",
+                      "callbacks.step_checkpoints.keep_last_n=2", "regularizer.encoder_layerdrop=0",
+                      "regularizer.decoder_layerdrop=0")
+    run_dir = tmp_path / "run"
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    best, avg = Path(results["checkpoint"]), Path(results["averaged_checkpoint"])
+    greedy, beam = dict(cfg.eval.decoder), dict(cfg.eval.test_decoder)
+    for split, ckpt, decoder, suffix, keys in [("valid", best, greedy, "", ("loss", "nll", "ppl", "bleu", "chrf")),
+                                              ("test", best, beam, "", ("loss", "nll", "ppl", "bleu", "chrf")),
+                                              ("test", best, greedy, "_greedy", ("bleu", "chrf")),
+                                              ("test", avg, beam, "_avg", ("loss", "nll", "ppl", "bleu", "chrf"))]:
+        want = independent_scores(run_dir, cfg, ckpt, split, decoder)
+        got = {k: results[f"{split}_{k}{suffix}"] for k in keys}
+        assert got == pytest.approx({k: want[k] for k in keys}, rel=1e-12), (split, suffix)  # sums in another order
+        if (split, suffix) == ("test", ""):
+            assert (run_dir / "test.hyp").read_text().splitlines() == want["hypotheses"]

@@ -181,7 +181,7 @@ class Seq2SeqModule(L.LightningModule):
     # the final passes call reset_eval / eval_step / split_result themselves (final_test.py,
     # scoring.py): one computation of every score.
     def reset_eval(self) -> None:
-        self._sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, ntokens
+        self._batch_sums: dict[int, tuple[float, float, int]] = {}  # loss, nll, ntokens by batch
         self._hyps: dict[int, str] = {}
 
     def decoder(self, split: str):
@@ -195,7 +195,9 @@ class Seq2SeqModule(L.LightningModule):
         """Add one batch (this rank's) to the pass: its teacher-forced loss sums and, with `decode`,
         its hypotheses (evaluation.translate_batches)."""
         loss, nll, ntok = self._loss(batch)
-        self._sums += torch.tensor([loss.item(), nll.item(), ntok], dtype=torch.float64)
+        # keyed by the batch's first sentence: under DDP each rank's shard is padded with repeats of
+        # other batches (TokenBatchSampler), which must count once, as their hypotheses do
+        self._batch_sums[int(batch["idx"][0])] = (loss.item(), nll.item(), ntok)
         if decode is not None:
             self._hyps.update(translate_batches(self.model, [batch], decode, self._detok))
 
@@ -209,14 +211,17 @@ class Seq2SeqModule(L.LightningModule):
         self.reset_eval()
 
     def _gather(self) -> tuple[torch.Tensor, dict[int, str]]:
-        sums, hyps = self._sums.clone(), dict(self._hyps)
+        """(loss, nll, ntokens summed over the split's batches, hypotheses by sentence) of every rank."""
+        sums, hyps = dict(self._batch_sums), dict(self._hyps)
         if _dist():
-            sums = sums.to(self.device)
-            dist.all_reduce(sums)
             parts: list = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, hyps)
-            hyps = {k: v for p in parts for k, v in p.items()}  # repeated padding batches collapse here
-        return sums.cpu(), hyps
+            dist.all_gather_object(parts, (sums, hyps))
+            sums = {k: v for p, _ in parts for k, v in p.items()}  # repeated padding batches collapse here
+            hyps = {k: v for _, p in parts for k, v in p.items()}
+        total = torch.zeros(3, dtype=torch.float64)
+        for batch_sums in sums.values():  # in the loader's order on one process
+            total += torch.tensor(batch_sums, dtype=torch.float64)
+        return total, hyps
 
     def split_result(self, split: str) -> tuple[dict[str, float], dict]:
         """The pass's scores over every rank: (metrics: loss, nll, ppl [, bleu, chrf]; the full result:
