@@ -126,6 +126,33 @@ def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatc
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
 
 
+def test_sigterm_while_scoring_ends_the_run_interrupted(small_corpus, tmp_path, monkeypatch):
+    """SIGTERM during a final pass (a study stopping its jobs): the run is recorded `interrupted`
+    without scores and the process exits 143; the handler is gone afterwards."""
+    import os
+    import signal
+
+    import normlab.final_test as final_test
+
+    real = final_test.score_split
+
+    def signalled(trainer, module, dm, split, decode=None):
+        if split == "test":
+            assert callable(signal.getsignal(signal.SIGTERM))  # else the signal would end pytest itself
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(trainer, module, dm, split, decode)
+
+    monkeypatch.setattr(final_test, "score_split", signalled)
+    before = signal.getsignal(signal.SIGTERM)
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+                      + ["trainer.max_steps=4", "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5"])
+    with pytest.raises(SystemExit) as stop:
+        run(cfg)
+    assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "interrupted" and "test_bleu" not in results and results["steps"] == 4
+
+
 @pytest.mark.parametrize("limit", [0, 1, 2, 5, 0.0, 0.1, 0.25, 0.5, 0.99, 1.0])
 @pytest.mark.parametrize("length", [0, 1, 3, 7, 10])
 def test_batch_limits_are_counted_as_lightning_counts_them(length, limit):

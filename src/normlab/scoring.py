@@ -14,13 +14,18 @@ It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears 
   use_distributed_sampler=false), and Seq2SeqModule.split_result sums the losses and gathers the
   hypotheses over the ranks, so every rank holds the whole split's scores (as validation does);
 - logging: every logger at the step training ended on, with the epoch, as Lightning logs an
-  evaluation's metrics outside fit (its value now the exact float results.json has, not float32).
+  evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
+- SIGTERM (a study stopping, a cluster preempting) ends the passes: the signal goes on to the
+  processes the strategy launched (DDP ranks) and SystemExit(143) leaves train.run, which records
+  the run `interrupted` (Lightning's signal handler stopped its loop at the next batch).
 Callbacks are not called: a pass changes no callback's state (the run's counters, its best
 checkpoint's bookkeeping stay the run's, not the loaded checkpoint's).
 """
 from __future__ import annotations
 
 import itertools
+import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -91,3 +96,26 @@ def log_metrics(trainer, metrics: dict[str, float]) -> None:
     for logger in trainer.loggers:
         logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
         logger.save()
+
+
+@contextmanager
+def sigterm_interrupts(trainer) -> Iterator[None]:
+    """Within: SIGTERM is passed on to the strategy's launched processes and to the handler installed
+    before (e.g. submitit's), then raises SystemExit(128 + SIGTERM) here (the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        launcher = trainer.strategy.launcher
+        if launcher is not None:
+            launcher.kill(signum)
+        if callable(before):
+            before(signum, frame)
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
