@@ -60,7 +60,7 @@ def test_every_entry_point_refuses_a_checkpoint_that_would_run_code(evil, tmp_pa
         assert err.startswith(f"error: {path}: refused: it holds a Python object (io.open) that loading would construct or call"), (name, err)
         assert "\n" not in err and not marker.exists(), name
     assert not (tmp_path / "run").exists()
-    # the library loaders and Lightning's own restore path (resume, trainer.test(ckpt_path=...))
+    # the library loaders and the strategy's checkpoint plugin (resume; the final passes: test_final_test.py)
     for load in (load_checkpoint, load_model, AtomicCheckpointIO().load_checkpoint):
         with pytest.raises(CheckpointError, match="refused"):
             load(path)

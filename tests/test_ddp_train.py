@@ -3,7 +3,10 @@ import json
 import subprocess
 import sys
 
+from omegaconf import OmegaConf
+
 from conftest import ROOT
+from test_final_test import check_independent
 
 
 def ddp_run(small_corpus, tmp_path, *extra):
@@ -36,3 +39,16 @@ def test_two_process_ddp_with_the_attention_options_and_layer_one_dropped(small_
     ddp_run(small_corpus, tmp_path, "model.encoder_layers=3", "model.decoder_layers=3", "model.value_residual=true",
             "model.qk_norm=l2", "norm=derf", "regularizer.encoder_layerdrop=0.5", "regularizer.decoder_layerdrop=0.5",
             "eval.test=false")
+
+
+def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(small_corpus, tmp_path):
+    """The final passes under DDP: each rank scores its shard of the split (the loader the data module
+    builds for it), the ranks' loss sums and hypotheses are combined, and the scores equal what one
+    process computes from the checkpoint files over the whole split. 7 eval batches (eval_max_tokens
+    512): the shards are padded with a repeated batch, which must count once. (No LayerDrop: its
+    draw counters differ between step checkpoints, which averaging refuses.)"""
+    results = ddp_run(small_corpus, tmp_path, "data.eval_max_tokens=512", "callbacks.step_checkpoints.every_n_steps=3",
+                      "callbacks.step_checkpoints.keep_last_n=2", "regularizer.encoder_layerdrop=0",
+                      "regularizer.decoder_layerdrop=0")
+    run_dir = tmp_path / "run"
+    check_independent(run_dir, results, OmegaConf.load(run_dir / ".hydra" / "config.yaml"), rel=1e-12)

@@ -5,7 +5,7 @@ of the state dict, accumulated in float64 and cast back. Checkpoints must descri
 network (same ModelConfig, same state-dict keys and shapes, same tokenizer); anything else is
 refused with a message naming the first differences. The output is the last checkpoint with its
 weights replaced and its optimizer state dropped, so `load_model`, the commands and
-`Trainer.test(ckpt_path=...)` read it like any other checkpoint.
+the final test pass (final_test.py) read it like any other checkpoint.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Lightning's checkpoint plugin for normlab: atomic saves, weights-only loads.
 
-Every checkpoint Lightning reads (resume with `ckpt_path`, `trainer.validate/test(ckpt_path=...)`)
-goes through normlab.checkpoint.load_checkpoint, so Lightning's own restore path never unpickles
-code either, and an unreadable file is a one-line error naming it.
+Every checkpoint the Trainer's strategy reads (resume with `ckpt_path`; the final passes' weights,
+scoring.load_weights) goes through normlab.checkpoint.load_checkpoint, so Lightning's own restore
+path never unpickles code either, and an unreadable file is a one-line error naming it.
 """
 from __future__ import annotations
 

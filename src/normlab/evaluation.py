@@ -1,7 +1,8 @@
 """One code path from a model and a data loader to sacreBLEU / chrF with signatures.
 
-Training (validation and test), the `evaluate` command and the prune command all call
-`translate_loader` + `score`, so a number printed anywhere is computed the same way.
+Training (validation, and the final valid / test passes of final_test.py), the `evaluate` command and
+the prune command all call `translate_batches` + `score`, so a number printed anywhere is computed
+the same way.
 BLEU is sacreBLEU's default: detokenised output against raw references, 13a tokenisation,
 exp smoothing; its signature is reported beside every score.
 """

@@ -21,9 +21,10 @@ from typing import Any
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, save_checkpoint, step_checkpoints
 from normlab.checkpoint import CheckpointError
-from normlab.lit_module import ScorePass
+from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
+from normlab.scoring import load_weights, log_metrics, score_split, sigterm_interrupts
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -31,14 +32,21 @@ METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
 
 def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None, suffix: str = "",
                     keys: tuple[str, ...] = METRICS, log_scores: bool = True, decode=None) -> dict:
-    """Validate or test `ckpt` (with `decode` instead of the split's decoder if given); add
-    `<split>_<metric><suffix>` for each key to `out` (the logger gets `<split>/<metric><suffix>`,
-    the same values); the pass's full result."""
-    label = f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})"
-    with module.scoring(ScorePass(label=label, suffix=suffix, keys=keys, log=log_scores, decode=decode)):
-        run = trainer.validate if split == "valid" else trainer.test
-        run(module, datamodule=dm, ckpt_path=ckpt, verbose=False)
-    result = module.split_scores.get(split, {})
+    """Score `ckpt` (None: the module's weights) on `split` (with `decode` instead of the split's
+    decoder if given) directly, outside Lightning's loops (scoring.py); add `<split>_<metric><suffix>`
+    for each key to `out` (the loggers get `<split>/<metric><suffix>`, the same values, unless
+    `log_scores` is false); the pass's full result."""
+    if ckpt:
+        load_weights(trainer, module, ckpt)
+    scored = score_split(trainer, module, dm, split, decode)
+    result: dict = {}
+    if scored is not None:  # None: the split's batch limit is 0, nothing was scored
+        metrics, result = scored
+        logged = {f"{split}/{k}{suffix}": v for k, v in metrics.items() if k in keys}
+        if log_scores:
+            log_metrics(trainer, logged)
+        module.split_scores[split] = result
+        rank_zero_info(score_line(f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})", logged, result))
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
         out.setdefault("partial", {})[f"{split}{suffix}"] = result["partial"]
@@ -60,6 +68,11 @@ def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
         return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
+    with sigterm_interrupts(trainer):  # the run ends `interrupted`; the rerun scores it
+        return _final_scores(passes, trainer, module, dm, run_dir, status)
+
+
+def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}

@@ -8,16 +8,14 @@ token count of the later micro-batches is not known at the first backward, so ea
 back-propagates its summed loss and the accumulated gradient is divided by the update's token
 count once, before clipping and the optimizer step (on_before_optimizer_step; fairseq's
 multiply_grads).
-Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; test: sacreBLEU.
+Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; the final passes
+(final_test.py) score the same way outside Lightning's loops.
 """
 from __future__ import annotations
 
 import logging
 import math
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
@@ -45,16 +43,11 @@ def _dist() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-@dataclass(frozen=True)
-class ScorePass:
-    """How one final evaluation pass scores and logs (final_test.py): under "<split>/<metric><suffix>",
-    only `keys` (None: every metric), not at all when `log` is false; the text line says `label`
-    instead of "step N <split>"; `decode` replaces the split's decoder (the greedy test pass)."""
-    label: str | None = None
-    suffix: str = ""
-    keys: tuple[str, ...] | None = None
-    log: bool = True
-    decode: Callable | None = None
+def score_line(label: str, logged: dict[str, float], result: dict) -> str:
+    """`<label>: loss 5.82  ppl 326.19  bleu 0.01  chrf 0.01` (nll left out), the log's line for one pass."""
+    shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
+    partial = f"  (partial: {result['partial']})" if "partial" in result else ""
+    return f"{label}: {shown}{partial}"
 
 
 class Seq2SeqModule(L.LightningModule):
@@ -75,13 +68,12 @@ class Seq2SeqModule(L.LightningModule):
         self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
         self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
         # The final test decodes as the papers do (eval.test_decoder: beam 4) while validation
-        # stays greedy; the final greedy test pass gives its decoder in its ScorePass.
+        # stays greedy; the final greedy test pass decodes with `decode` (final_test.py).
         self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
         self.split_scores: dict[str, dict] = {}
-        self.score_pass = ScorePass()  # validation during training; final_test.py sets its passes'
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
-        self._reset_eval()
+        self.reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -184,51 +176,56 @@ class Seq2SeqModule(L.LightningModule):
         clipping = float(self.optim_cfg.get("clip_norm") or 0.0) > 0
         return {} if precision.startswith("16") and clipping else {"fused": True}
 
-    # ---- validation / test --------------------------------------------------------------------
-    def _reset_eval(self) -> None:
-        self._sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, ntokens
+    # ---- validation / test ----------------------------------------------------------------------
+    # Validation during training runs in Lightning's loop (validation_step, on_validation_epoch_*);
+    # the final passes call reset_eval / eval_step / split_result themselves (final_test.py,
+    # scoring.py): one computation of every score.
+    def reset_eval(self) -> None:
+        self._batch_sums: dict[int, tuple[float, float, int]] = {}  # loss, nll, ntokens by batch
         self._hyps: dict[int, str] = {}
 
-    def _eval_step(self, batch: dict, bleu: bool, decode=None) -> None:
+    def decoder(self, split: str):
+        """How `split` is decoded for BLEU: valid by eval.decoder (None when eval.valid_bleu is false:
+        the loss only), test by eval.test_decoder."""
+        if split == "valid":
+            return self.decode if self.eval_cfg.get("valid_bleu", True) else None
+        return self.test_decode
+
+    def eval_step(self, batch: dict, decode=None) -> None:
+        """Add one batch (this rank's) to the pass: its teacher-forced loss sums and, with `decode`,
+        its hypotheses (evaluation.translate_batches)."""
         loss, nll, ntok = self._loss(batch)
-        self._sums += torch.tensor([loss.item(), nll.item(), ntok], dtype=torch.float64)
-        if bleu:
-            self._hyps.update(translate_batches(self.model, [batch], decode or self.decode, self._detok))
+        # keyed by the batch's first sentence: under DDP each rank's shard is padded with repeats of
+        # other batches (TokenBatchSampler), which must count once, as their hypotheses do
+        self._batch_sums[int(batch["idx"][0])] = (loss.item(), nll.item(), ntok)
+        if decode is not None:
+            self._hyps.update(translate_batches(self.model, [batch], decode, self._detok))
 
     def _detok(self, ids: list[list[int]]) -> list[str]:
         return self.trainer.datamodule.tokenizer.decode(ids)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, bleu=self.eval_cfg.get("valid_bleu", True))
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, bleu=True, decode=self.score_pass.decode or self.test_decode)
-
-    @contextmanager
-    def scoring(self, score_pass: ScorePass) -> Iterator[None]:
-        """Run one final evaluation pass (trainer.validate / trainer.test) as `score_pass` says."""
-        before, self.score_pass = self.score_pass, score_pass
-        try:
-            yield
-        finally:
-            self.score_pass = before
+        self.eval_step(batch, self.decoder("valid"))
 
     def on_validation_epoch_start(self) -> None:
-        self._reset_eval()
-
-    on_test_epoch_start = on_validation_epoch_start
+        self.reset_eval()
 
     def _gather(self) -> tuple[torch.Tensor, dict[int, str]]:
-        sums, hyps = self._sums.clone(), dict(self._hyps)
+        """(loss, nll, ntokens summed over the split's batches, hypotheses by sentence) of every rank."""
+        sums, hyps = dict(self._batch_sums), dict(self._hyps)
         if _dist():
-            sums = sums.to(self.device)
-            dist.all_reduce(sums)
             parts: list = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, hyps)
-            hyps = {k: v for p in parts for k, v in p.items()}  # repeated padding batches collapse here
-        return sums.cpu(), hyps
+            dist.all_gather_object(parts, (sums, hyps))
+            sums = {k: v for p, _ in parts for k, v in p.items()}  # repeated padding batches collapse here
+            hyps = {k: v for _, p in parts for k, v in p.items()}
+        total = torch.zeros(3, dtype=torch.float64)
+        for batch_sums in sums.values():  # in the loader's order on one process
+            total += torch.tensor(batch_sums, dtype=torch.float64)
+        return total, hyps
 
-    def _finish_split(self, split: str) -> None:
+    def split_result(self, split: str) -> tuple[dict[str, float], dict]:
+        """The pass's scores over every rank: (metrics: loss, nll, ppl [, bleu, chrf]; the full result:
+        the metrics, the sacreBLEU signatures, the hypotheses in sentence order, `partial`)."""
         sums, hyps = self._gather()
         loss, nll, ntok = sums.tolist()
         ntok = max(ntok, 1.0)
@@ -243,19 +240,7 @@ class Seq2SeqModule(L.LightningModule):
             s = score(ordered(hyps, len(refs)), refs)
             metrics.update(bleu=s["bleu"], chrf=s["chrf"])
             result.update(s, hypotheses=ordered(hyps, len(refs)))
-        # One key per score: the final test's extra passes log under their own suffix (test/bleu_greedy,
-        # test/bleu_avg), and the final re-validation of the scored checkpoint logs nothing (final_test.py).
-        sp = self.score_pass
-        keys = sp.keys or tuple(metrics)
-        logged = {f"{split}/{k}{sp.suffix}": v for k, v in metrics.items() if k in keys}
-        if sp.log:
-            # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
-            self.log_dict(logged, sync_dist=_dist(), prog_bar=split == "valid")
-        self.split_scores[split] = result
-        shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
-        partial = f"  (partial: {result['partial']})" if "partial" in result else ""
-        label = sp.label or f"step {self.global_step} {split}"
-        rank_zero_info(f"{label}: {shown}{partial}")  # a line per validation in the log
+        return metrics, result
 
     def _limited(self, split: str) -> bool:
         """Whether Lightning was asked to run only part of the split (debugging runs)."""
@@ -264,10 +249,12 @@ class Seq2SeqModule(L.LightningModule):
         return bool(t.fast_dev_run) or bool(t.overfit_batches) or isinstance(limit, int) or limit < 1.0
 
     def on_validation_epoch_end(self) -> None:
-        self._finish_split("valid")
-
-    def on_test_epoch_end(self) -> None:
-        self._finish_split("test")
+        metrics, result = self.split_result("valid")
+        logged = {f"valid/{k}": v for k, v in metrics.items()}
+        # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
+        self.log_dict(logged, sync_dist=_dist(), prog_bar=True)
+        self.split_scores["valid"] = result
+        rank_zero_info(score_line(f"step {self.global_step} valid", logged, result))  # a line per validation
 
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

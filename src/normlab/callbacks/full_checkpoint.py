@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.trainer.states import TrainerFn
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -156,8 +155,8 @@ class FullStateCheckpoint(Checkpoint):
         }
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
-        if trainer.state.fn != TrainerFn.FITTING:  # the final validate/test of a checkpoint: its weights only,
-            return  # not its counters (they would replace this run's tokens, seconds and wall time)
+        # Called when fit continues from a checkpoint only: the final passes load a checkpoint's
+        # weights without Lightning (scoring.py), so its counters never replace this run's.
         # trainer.max_time caps each invocation: the time of earlier legs does not count against it
         for key in [k for k in checkpoint.get("callbacks", {}) if str(k).startswith("Timer")]:
             del checkpoint["callbacks"][key]

@@ -1,0 +1,121 @@
+"""The final passes' direct path (final_test.py): a checkpoint's weights into the module, a split's
+batches through the module's evaluation step outside Lightning's loops, the scores to the loggers.
+
+It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears on a score:
+- weights: read by the strategy's checkpoint plugin (AtomicCheckpointIO, so
+  normlab.checkpoint.load_checkpoint: weights only, a checkpoint that would run code is refused),
+  then the module's on_load_checkpoint and its state_dict, strictly;
+- batches: the data module's valid / test loader, cut to trainer.limit_val_batches /
+  limit_test_batches as Lightning counts them (fast_dev_run and overfit_batches set those limits);
+- the module in eval mode on the strategy's device, no autograd, under the precision plugin's
+  val / test step context; batches moved by the strategy;
+- DDP: each rank scores its own shard, the loader the data module builds for that rank
+  (TokenBatchSampler shards itself into equal batch counts; Lightning used the same loader, with
+  use_distributed_sampler=false), and Seq2SeqModule.split_result sums the losses and gathers the
+  hypotheses over the ranks, so every rank holds the whole split's scores (as validation does);
+- logging: every logger at the step training ended on, with the epoch, as Lightning logs an
+  evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
+- SIGTERM (a study stopping, a cluster preempting) ends the passes: the signal goes on to the
+  processes the strategy launched (DDP ranks) and SystemExit(143) leaves train.run, which records
+  the run `interrupted` (Lightning's signal handler stopped its loop at the next batch).
+Callbacks are not called: a pass changes no callback's state (the run's counters, its best
+checkpoint's bookkeeping stay the run's, not the loaded checkpoint's).
+"""
+from __future__ import annotations
+
+import itertools
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from normlab.config import ConfigError
+
+
+def load_weights(trainer, module, ckpt: str) -> None:
+    """The checkpoint's weights into `module`, loaded as Lightning loads `ckpt_path` (its
+    _CheckpointConnector.restore_model), through the same checkpoint plugin."""
+    checkpoint = trainer.strategy.load_checkpoint(ckpt)
+    module.on_load_checkpoint(checkpoint)
+    trainer.strategy.load_model_state_dict(checkpoint, strict=module.strict_loading)
+
+
+def num_batches(length: int, limit: int | float, split: str) -> int:
+    """How many of a loader's `length` batches Lightning's evaluation loop runs for limit_*_batches
+    `limit`: an int is a count, a float a fraction (rounded down, never to 0 of a non-empty loader)."""
+    if isinstance(limit, int):
+        return min(length, limit)
+    n = int(length * limit)
+    if n == 0 and limit > 0 and length > 0:
+        name = "limit_val_batches" if split == "valid" else "limit_test_batches"
+        raise ConfigError(f"trainer.{name}={limit} of {length} {split} batches is none; "
+                          f"use at least {1.0 / length:.4g} or a number of batches")
+    return n
+
+
+@contextmanager
+def evaluating(trainer, module, split: str) -> Iterator[None]:
+    """The module in eval mode on the strategy's device, without autograd, in the precision
+    plugin's context for the split; its train/eval mode is restored afterwards."""
+    precision = trainer.precision_plugin
+    context = precision.val_step_context if split == "valid" else precision.test_step_context
+    was_training = module.training
+    module.to(trainer.strategy.root_device)
+    module.eval()
+    try:
+        with torch.no_grad(), context():
+            yield
+    finally:
+        module.train(was_training)
+
+
+def score_split(trainer, module, dm, split: str, decode=None) -> tuple[dict[str, float], dict] | None:
+    """(metrics, result) of the module's current weights on `split` (Seq2SeqModule.split_result),
+    decoded with `decode` or the split's own decoder; None when the limit leaves no batch to run
+    (Lightning skips such a loop)."""
+    loader = dm.val_dataloader() if split == "valid" else dm.test_dataloader()
+    limit = trainer.limit_val_batches if split == "valid" else trainer.limit_test_batches
+    n = num_batches(len(loader), limit, split)
+    if n == 0:
+        return None
+    decode = decode or module.decoder(split)
+    module.reset_eval()
+    with evaluating(trainer, module, split):
+        for batch in itertools.islice(loader, n):
+            module.eval_step(trainer.strategy.batch_to_device(batch), decode)
+    return module.split_result(split)
+
+
+def log_metrics(trainer, metrics: dict[str, float]) -> None:
+    """To every logger, as Lightning's logger connector logs metrics outside a training step: with
+    the epoch, at the step training ended on; written out at once."""
+    if not trainer.is_global_zero:
+        return  # Lightning's loggers write from rank 0 only
+    for logger in trainer.loggers:
+        logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
+        logger.save()
+
+
+@contextmanager
+def sigterm_interrupts(trainer) -> Iterator[None]:
+    """Within: SIGTERM is passed on to the strategy's launched processes and to the handler installed
+    before (e.g. submitit's), then raises SystemExit(128 + SIGTERM) here (the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        launcher = trainer.strategy.launcher
+        if launcher is not None:
+            launcher.kill(signum)
+        if callable(before):
+            before(signum, frame)
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)

@@ -1,0 +1,188 @@
+"""The final passes (final_test.py) score directly, outside trainer.validate / trainer.test (issue 18):
+their scores are the ones the Lightning path gave (pinned), they equal an independent computation from
+the checkpoint files, a planted checkpoint is refused, and the batch limits are counted as Lightning
+counts them."""
+import ast
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from normlab.checkpoint import CheckpointError, load_model
+from normlab.config import ConfigError
+from normlab.data.datamodule import TranslationDataModule
+from normlab.data.tokenizer import Tokenizer
+from normlab.evaluation import make_decoder, ordered, score, translate_batches
+from normlab.losses import model_loss
+from normlab.scoring import num_batches
+from normlab.train import run
+
+from conftest import compose_cfg, tiny_overrides
+
+# Long enough for BLEU to move off zero (about half a minute on one CPU thread).
+TRAINED = ["model.d_model=64", "model.encoder_ffn=128", "model.decoder_ffn=128", "trainer.max_steps=800",
+           "trainer.val_check_interval=200", "optim.warmup=100", "eval.test_decoder.max_len_b=20",
+           "eval.decoder.max_len_b=20", "callbacks.step_checkpoints.every_n_steps=100",
+           "callbacks.step_checkpoints.keep_last_n=2"]
+
+# What trainer.validate / trainer.test(ckpt_path=...) scored for this run (23f1617, the last commit
+# before the direct passes), on CPU with one thread; test.hyp's sha256 beside them. A failure here
+# means the final scores no longer mean what they did: fix the code, never the pins.
+PINNED = {
+    "test_bleu": 2.3, "test_chrf": 17.69, "test_loss": 4.03945772147473, "test_nll": 3.6486710913387346,
+    "test_ppl": 38.423570690132294,
+    "test_bleu_greedy": 2.24, "test_chrf_greedy": 18.94,
+    "test_bleu_avg": 2.6, "test_chrf_avg": 17.5, "test_loss_avg": 3.9912116910204474,
+    "test_nll_avg": 3.5973326129677856, "test_ppl_avg": 36.50074286940546,
+    "valid_bleu": 1.99, "valid_chrf": 20.05, "valid_loss": 3.9927660643778893, "valid_nll": 3.5947495094616717,
+    "valid_ppl": 36.40657934195093,
+}
+PINNED_HYP_SHA256 = "d2f154be3bbbf6067922c73912b525504da64c668db91ad0c7d546cddd19e9de"
+
+
+def _lightning_loops_unused(*args, **kwargs):
+    raise AssertionError("the final passes called trainer.validate / trainer.test")
+
+
+@pytest.fixture(scope="module")
+def scored_run(small_corpus, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("final")
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp / "run", tmp / "cache") + TRAINED)
+    with pytest.MonkeyPatch.context() as m:  # validation during training is the fit loop's own
+        m.setattr(L.Trainer, "validate", _lightning_loops_unused)
+        m.setattr(L.Trainer, "test", _lightning_loops_unused)
+        results = run(cfg)
+    return tmp / "run", results, cfg
+
+
+def test_the_scores_are_the_lightning_paths(scored_run):
+    run_dir, results, _ = scored_run
+    assert results["status"] == "completed" and Path(results["checkpoint"]).name == "best-step800.ckpt"
+    assert {k: results[k] for k in PINNED} == PINNED
+    assert results["averaged_checkpoints"] == ["step700.ckpt", "step800.ckpt"]
+    assert hashlib.sha256((run_dir / "test.hyp").read_bytes()).hexdigest() == PINNED_HYP_SHA256
+    assert json.loads((run_dir / "results.json").read_text()) == results
+
+
+def independent_scores(run_dir: Path, cfg, ckpt: Path, split: str, decoder: dict) -> dict:
+    """Loss, nll, ppl, BLEU and chrF of a checkpoint file on a split, computed here from the file
+    (load_model), a data module of the run's data config and the evaluation functions."""
+    model, _ = load_model(ckpt)
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    tok = Tokenizer.load(run_dir / "tokenizer")
+    dm = TranslationDataModule(**data, tokenizer=tok)
+    dm.setup("test")
+    loss = nll = ntok = 0.0
+    with torch.no_grad():
+        for b in dm.dataloader(split):
+            lo, nl = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
+                                model.cfg.pad_id, cfg.optim.get("label_smoothing_convention", "uniform"))
+            loss, nll, ntok = loss + lo.item(), nll + nl.item(), ntok + int(b["tgt_out"].ne(model.cfg.pad_id).sum())
+    refs = dm.references(split)
+    hyps = ordered(translate_batches(model, dm.dataloader(split), make_decoder(**decoder), tok.decode), len(refs))
+    s = score(hyps, refs)
+    return {"loss": loss / ntok, "nll": nll / ntok, "ppl": math.exp(nll / ntok), "bleu": s["bleu"], "chrf": s["chrf"], "hypotheses": hyps}
+
+
+def check_independent(run_dir: Path, results: dict, cfg, rel: float = 0.0) -> None:
+    """results.json's valid, beam test, greedy test and averaged test scores equal independent_scores
+    of the checkpoint files (within `rel` where the sums were added in another order: DDP), and
+    test.hyp the beam pass's hypotheses."""
+    best, avg = Path(results["checkpoint"]), Path(results["averaged_checkpoint"])
+    greedy, beam = dict(cfg.eval.decoder), dict(cfg.eval.test_decoder)
+    for split, ckpt, decoder, suffix, keys in [("valid", best, greedy, "", ("loss", "nll", "ppl", "bleu", "chrf")),
+                                              ("test", best, beam, "", ("loss", "nll", "ppl", "bleu", "chrf")),
+                                              ("test", best, greedy, "_greedy", ("bleu", "chrf")),
+                                              ("test", avg, beam, "_avg", ("loss", "nll", "ppl", "bleu", "chrf"))]:
+        want = independent_scores(run_dir, cfg, ckpt, split, decoder)
+        got = {k: results[f"{split}_{k}{suffix}"] for k in keys}
+        assert got == pytest.approx({k: want[k] for k in keys}, rel=rel, abs=0), (split, suffix)
+        if (split, suffix) == ("test", ""):
+            assert (run_dir / "test.hyp").read_text().splitlines() == want["hypotheses"]
+
+
+def test_the_scores_equal_an_independent_computation(scored_run):
+    check_independent(*scored_run)  # the same sums in the same order: equal to the bit
+
+
+def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatch):
+    """The best checkpoint replaced, between training and the final test, by one that would run code
+    when unpickled: the final pass's load refuses it (weights only) and the code never runs."""
+    import normlab.train as train_mod
+    from test_checkpoint_safety import Payload
+
+    marker = tmp_path / "code-ran"
+    real = train_mod.final_scores
+
+    def plant_then_score(passes, trainer, module, dm, run_dir, status):
+        torch.save({"state_dict": {}, "x": Payload(marker)}, trainer.checkpoint_callback.best_model_path)
+        return real(passes, trainer, module, dm, run_dir, status)
+
+    monkeypatch.setattr(train_mod, "final_scores", plant_then_score)
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+                      + ["trainer.max_steps=4", "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5"])
+    with pytest.raises(CheckpointError, match=r"best-step4\.ckpt: refused: it holds a Python object \(io\.open\)"):
+        run(cfg)
+    assert not marker.exists()
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
+
+
+def test_sigterm_while_scoring_ends_the_run_interrupted(small_corpus, tmp_path, monkeypatch):
+    """SIGTERM during a final pass (a study stopping its jobs): the run is recorded `interrupted`
+    without scores and the process exits 143; the handler is gone afterwards."""
+    import os
+    import signal
+
+    import normlab.final_test as final_test
+
+    real = final_test.score_split
+
+    def signalled(trainer, module, dm, split, decode=None):
+        if split == "test":
+            assert callable(signal.getsignal(signal.SIGTERM))  # else the signal would end pytest itself
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(trainer, module, dm, split, decode)
+
+    monkeypatch.setattr(final_test, "score_split", signalled)
+    before = signal.getsignal(signal.SIGTERM)
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+                      + ["trainer.max_steps=4", "eval.decoder.max_len_b=5", "eval.test_decoder.max_len_b=5"])
+    with pytest.raises(SystemExit) as stop:
+        run(cfg)
+    assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "interrupted" and "test_bleu" not in results and results["steps"] == 4
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 5, 0.0, 0.1, 0.25, 0.5, 0.99, 1.0])
+@pytest.mark.parametrize("length", [0, 1, 3, 7, 10])
+def test_batch_limits_are_counted_as_lightning_counts_them(length, limit):
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches  # the reference only
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    try:
+        want = _parse_num_batches(RunningStage.TESTING, length, limit)
+    except MisconfigurationException:
+        with pytest.raises(ConfigError, match="limit_test_batches"):
+            num_batches(length, limit, "test")
+        return
+    assert num_batches(length, limit, "test") == want
+
+
+def test_the_final_passes_use_no_lightning_loop_and_no_private_name():
+    """final_test.py and scoring.py call neither trainer.validate nor trainer.test, and read no
+    private attribute (no private Lightning API: private_api.py would hold it)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "normlab"
+    for name in ("final_test.py", "scoring.py"):
+        attributes = [n for n in ast.walk(ast.parse((src / name).read_text(encoding="utf-8")))
+                      if isinstance(n, ast.Attribute)]
+        of_trainer = {n.attr for n in attributes if isinstance(n.value, ast.Name) and n.value.id == "trainer"}
+        assert not of_trainer & {"validate", "test"}, name
+        attrs = {n.attr for n in attributes}
+        assert not [a for a in attrs if a.startswith("_") and not a.startswith("__")], name
