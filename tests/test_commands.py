@@ -224,6 +224,37 @@ def test_average_of_known_tensors_is_their_mean(tmp_path):
     assert "optimizer_states" not in avg and avg["tokenizer_proto"] == b"spm"
 
 
+def test_average_takes_the_last_layerdrop_draw_counter_and_refuses_other_integers_that_differ(tmp_path):
+    """A LayerDrop run's step checkpoints differ in its draw counter (regularizers/layerdrop.py): the
+    average takes the last's, as it takes the last's training state; other integers must agree."""
+    paths = [fake_ckpt(tmp_path / f"step{i}.ckpt", {"model.w": torch.tensor([float(i)]),
+                                                     "model.encoder.layers.draw_state": torch.tensor([5, 10 * i])})
+             for i in range(3)]
+    avg = average_checkpoints(paths)
+    assert torch.equal(avg["state_dict"]["model.encoder.layers.draw_state"], torch.tensor([5, 20]))
+    assert torch.equal(avg["state_dict"]["model.w"], torch.tensor([1.0]))
+    other = fake_ckpt(tmp_path / "other.ckpt", {"model.w": torch.tensor([0.0]),
+                                                 "model.encoder.layers.draw_state": torch.tensor([5, 0]),
+                                                 "model.count": torch.tensor(8)})
+    base = fake_ckpt(tmp_path / "base.ckpt", {"model.w": torch.tensor([0.0]),
+                                               "model.encoder.layers.draw_state": torch.tensor([5, 0]),
+                                               "model.count": torch.tensor(7)})
+    with pytest.raises(CheckpointMismatch, match="integer tensor model.count differs"):
+        average_checkpoints([base, other])
+
+
+def test_a_layerdrop_run_scores_its_averaged_checkpoints(small_corpus, tmp_path):
+    """The default final passes on a LayerDrop run: the averaged test pass runs (it failed with
+    "the run's step checkpoints do not average" when the draw counter had to be equal)."""
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
+        "regularizer=layerdrop", "model.encoder_layers=2", "model.decoder_layers=2", "trainer.max_steps=4",
+        "callbacks.step_checkpoints.every_n_steps=2", "eval.test=true", "eval.test_average=true",
+        "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5"])
+    results = run(cfg)
+    assert results["status"] == "completed" and results["averaged_checkpoints"] == ["step2.ckpt", "step4.ckpt"]
+    assert isinstance(results["test_bleu_avg"], float)
+
+
 def test_average_refuses_mismatched_architectures(tmp_path, capsys):
     base = fake_ckpt(tmp_path / "a.ckpt", {"model.w": torch.zeros(2)})
     cases = {

@@ -22,6 +22,10 @@ from normlab.errors import UserError
 # step<N>.ckpt; best-step<N>.ckpt and last.ckpt are not part of the series.
 STEP_CKPT = re.compile(r"^step(\d+)\.ckpt$")
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+# Integer buffers that count training draws, not model values: LayerDrop's (seed, draw counter)
+# advances every step, so step checkpoints differ in it; the average takes the last checkpoint's,
+# as it takes the last's other training state. Any other integer tensor that differs is a mismatch.
+COUNTERS = ("draw_state",)
 
 
 class CheckpointMismatch(UserError, ValueError):
@@ -97,6 +101,8 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
             for k, v in ckpt["state_dict"].items():
                 if v.is_floating_point():
                     sums[k] += v.double()
+                elif k.rsplit(".", 1)[-1] in COUNTERS:
+                    sums[k] = v  # the last checkpoint's draw counter
                 elif not torch.equal(v, sums[k]):  # integer buffers cannot be averaged
                     raise CheckpointMismatch(f"{path}: integer tensor {k} differs from {paths[0]}")
         last = ckpt
