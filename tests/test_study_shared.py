@@ -38,6 +38,7 @@ def test_layerdrop_prune_adopts_droheads_no_drophead_runs_as_its_scratch_model(t
     source = json.loads((root / "drophead" / "runs" / "none-s1" / "results.json").read_text())
     assert s1.results["test_bleu"] == source["test_bleu"] and s1.seed == 1 and s2.seed == 2
     assert s1.results["shared_from"] == {"study": "drophead", "record": "none-s1"}
+    assert s1.results["study"]["name"] == "layerdrop_prune" and s1.results["study"]["arm"] == "scratch3"
     assert (s1.path / "test.hyp.gz").read_bytes() == (root / "drophead" / "runs" / "none-s1" / "test.hyp.gz").read_bytes()
     # counted once: the drophead study paid for these runs
     c = cost(by_arm)

@@ -9,10 +9,12 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
 A study is a file in conf/study/ (normlab.study.spec). Run folders go to studies/runs/ (not in the
-repository; named by their identity, so studies that share an arm share its runs); records of finished runs to experiments/<name>/runs/ (small, committed), and a
-record whose run identity matches counts as done, so a study continues on another machine from its
-committed records, and a run another study recorded is copied from its record (runner.adopt_shared). SIGTERM or Ctrl-C stops every running job at a checkpoint; the same command
-continues. Another budget (smoke) writes to studies/<name>-<budget>/ and never to experiments/.
+repository; named by their identity, so studies that share an arm share its runs); records of
+finished runs to experiments/<name>/runs/ (small, committed), and a record whose run identity
+matches counts as done, so a study continues on another machine from its committed records; a run
+another study recorded is copied from its record (runner.adopt_shared). SIGTERM or Ctrl-C stops
+every running job at a checkpoint; the same command continues. Another budget (smoke) writes to
+studies/<name>-<budget>/ and never to experiments/.
 """
 from __future__ import annotations
 

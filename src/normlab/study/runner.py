@@ -131,8 +131,10 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         tmp = job.record.with_name(f".{job.record.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(src, tmp)
-        res.update(study={**origin, "arm": job.arm.name, "seed": job.seed, "overrides": job.overrides},
-                   shared_from={"study": origin.get("name") or src.parents[1].name, "record": src.name})
+        # the folders name the studies (a record keeps the name its study had when it ran)
+        res.update(study={**origin, "name": job.record.parents[1].name, "arm": job.arm.name, "seed": job.seed,
+                          "overrides": job.overrides},
+                   shared_from={"study": src.parents[1].name, "record": src.name})
         (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
         shutil.rmtree(job.record, ignore_errors=True)
         os.replace(tmp, job.record)
