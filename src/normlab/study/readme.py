@@ -237,8 +237,9 @@ def cost_table(folder: Path) -> list[str]:
         own = c["runs"] - c.get("shared", 0)
         shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
         unit = "probes" if data.get("kind") == "probe" else "runs"
+        steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
         rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
-                    f"{', '.join(map(str, c.get('steps') or [])) or '—'} | {c['machine_hours']:.2f} |")
+                    f"{steps or '—'} | {c['machine_hours']:.2f} |")
         if data.get("kind") != "probe":
             total_runs, total_hours = total_runs + own, total_hours + c["machine_hours"]
     if not rows:
