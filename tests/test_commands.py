@@ -241,6 +241,11 @@ def test_average_takes_the_last_layerdrop_draw_counter_and_refuses_other_integer
                                                "model.count": torch.tensor(7)})
     with pytest.raises(CheckpointMismatch, match="integer tensor model.count differs"):
         average_checkpoints([base, other])
+    seed = fake_ckpt(tmp_path / "seed.ckpt", {"model.w": torch.tensor([0.0]),  # another seed: another run
+                                               "model.encoder.layers.draw_state": torch.tensor([6, 0]),
+                                               "model.count": torch.tensor(7)})
+    with pytest.raises(CheckpointMismatch, match="integer tensor model.encoder.layers.draw_state differs"):
+        average_checkpoints([base, seed])
 
 
 def test_a_layerdrop_run_scores_its_averaged_checkpoints(small_corpus, tmp_path):

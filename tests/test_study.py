@@ -265,7 +265,7 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
                      f"stale copy\n{END}\n\nend\n")
     (tmp_path / "s1").mkdir()
     cost = {"runs": 3, "machine_hours": 1.25, "steps": [500, 2000], "seeds": [1, 2], "shared": 1,
-            "shared_with": ["s0"], "planned": 4}
+            "shared_with": ["s0"], "planned": 4, "hours_by_run": {"h1": 0.75, "h2": 0.5}}
     (tmp_path / "s1" / "claims.json").write_text(json.dumps({"study": "s1", "budget": "full", "cost": cost, "claims": [
         {"claim": "X beats Y", "source": "P", "paper": "+1", "verdict": "held", "better": "x", "than": "y",
          "metric": "test_bleu", "difference": {"mean": 1.5, "low": 0.5, "high": 2.5, "method": "t over 3 paired seeds"}},
@@ -278,7 +278,7 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     assert "intro" in text and "after" in text and "end" in text and "old" not in text and "stale copy" not in text
     assert text.count(BEGIN) == 1 and text.count("## Every claim, judged") == 0  # the heading was the stale copy's
     assert "| [s1](s1/) | 2 (+1 shared with s0) of 4 runs | 500, 2000 | 1.25 |" in text
-    assert "| **training studies, total** | 2 runs | | **1.25** |" in text
+    assert "| **training studies, total** (a run several studies recorded counts once) | 2 runs | | **1.25** |" in text
     assert "| [s1](s1/) | X beats Y (x vs y, test_bleu) | P | +1 | +1.50 [0.50, 2.50] (t) | **held** |" in text
     assert "| [s1](s1/) | Y fails (y, test_bleu) | P | failed | y: not run | **not run** |" in text
 
@@ -292,8 +292,8 @@ def test_cli_errors_are_one_line(tmp_path):
     for args, msg in ((["nosuch"], "error: study 'nosuch': no such study (allowed: "),
                       (["twt_lowres", "study.budget=huge"], "error: study.budget: 'huge' is not a budget"),
                       (["twt_lowres", "--jobs", "0"], "error: --jobs: 0 must be >= 1"),
-                      (["twt_lowres", "trainer.accelerator=tpu"], "error: trainer.accelerator=tpu: not a study setting "
-                       "(allowed: study.budget=<full|smoke>, trainer.accelerator=<cpu|gpu|cuda|mps|auto>)"),
+                      (["twt_lowres", "trainer.accelerator=tpu"], "error: trainer.accelerator: 'tpu' is not an "
+                       "accelerator (allowed: cpu, gpu, cuda, mps, auto)"),
                       (["twt_lowres", "foo=1"], "error: foo=1: not a study setting")):
         r = run_study(args + ["--out", str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
         assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -479,6 +479,10 @@ def test_jobs_default_to_one_per_core_on_a_cpu_machine(monkeypatch):
     on_gpu = parse(["twt_lowres", "trainer.accelerator=gpu"])
     assert on_gpu.jobs == 1 and on_gpu.launch == ["trainer.accelerator=gpu"]
     assert parse(["twt_lowres", "trainer.accelerator=auto"]).jobs == 1
+    from normlab.commands.study import ACCELERATORS
+    from normlab.run_config import ACCELERATORS as RUN
+
+    assert ACCELERATORS == tuple(a for a in RUN if a != "tpu")
 
 
 def test_a_study_on_a_gpu_launches_the_same_runs_there(tmp_path):
@@ -488,10 +492,18 @@ def test_a_study_on_a_gpu_launches_the_same_runs_there(tmp_path):
     from normlab.identity import NOT_IDENTITY
     from normlab.study.runner import Sweep
 
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from normlab.commands.train import config_dir
+    from normlab.identity import identity_hash
+
     assert "trainer.accelerator" in NOT_IDENTITY
     args = parse(["twt_lowres", "trainer.accelerator=gpu"])
     study = load_study("twt_lowres")
     jobs = plan(study, tmp_path / "runs", tmp_path / "out")
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):  # as the train command composes
+        on_gpu = hydra_compose(config_name="config", overrides=[*jobs[0].overrides, *args.launch])
+    assert on_gpu.trainer.accelerator == "gpu" and identity_hash(on_gpu) == jobs[0].identity_hash
     sweep = Sweep(study, jobs, tmp_path / "runs", parallel=args.jobs, launch=args.launch)
     cmd = sweep._train_command(jobs[0])
     assert cmd[cmd.index("normlab.commands.train") + 1:][:len(jobs[0].overrides)] == jobs[0].overrides

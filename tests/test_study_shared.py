@@ -2,6 +2,7 @@
 machine: a study adopts another study's committed record of the run (runner.adopt_shared), marks
 it `shared_from`, and its Cost line counts the run's machine-hours in the study that trained it."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -62,7 +63,10 @@ def test_nothing_is_adopted_across_identities_unfinished_runs_or_without_prune_t
     (fake / "results.json").write_text(json.dumps({"status": "completed", "identity_hash": job.identity_hash,
                                                    "study": {"name": "other", "arm": "x", "seed": 1}}))
     assert adopt_shared([job], root) == []
-    (fake / "prune.every_other.r3.test.hyp.gz").write_bytes(b"")
+    (fake / "prune.json").write_text(json.dumps({"rows": [{"strategy": st, "kept": 3}
+                                                          for st in ("every_other", "search_on_valid")]}))
+    for st in ("every_other", "search_on_valid"):
+        (fake / f"prune.{st}.r3.test.hyp.gz").write_bytes(b"")
     assert adopt_shared([job], root) == [job]
 
 
@@ -79,3 +83,40 @@ def test_the_cost_line_says_which_runs_were_shared(tmp_path):
     assert ("2 runs of 4000 steps, 0.00 machine-hours on this machine" in text
             and "; 2 of the runs shared with drophead (the same runs, trained once; their machine-hours are "
                 "counted there); 2 of 8 planned runs recorded" in text)
+
+
+def test_the_total_counts_a_run_several_studies_recorded_once(tmp_path):
+    """twt_lowres, twt_scalenorm and layerdrop_prune_2k hold the same pre-LN runs (one run folder,
+    three records): the index's total counts them once."""
+    from normlab.study.readme import cost_table
+
+    for name, hashes in (("a", {"h1": 1.0, "h2": 0.5}), ("b", {"h1": 1.0, "h3": 0.25})):
+        (tmp_path / name).mkdir()
+        c = {"runs": len(hashes), "machine_hours": sum(hashes.values()), "steps": [2000], "seeds": [1],
+             "shared": 0, "shared_with": [], "planned": 2, "hours_by_run": hashes}
+        (tmp_path / name / "claims.json").write_text(json.dumps({"study": name, "budget": "full", "cost": c,
+                                                                 "claims": []}))
+    table = "\n".join(cost_table(tmp_path))
+    assert "| [a](a/) | 2 of 2 runs | 2000 | 1.50 |" in table and "| [b](b/) | 2 of 2 runs | 2000 | 1.25 |" in table
+    assert "| 3 runs | | **1.75** |" in table  # h1 once
+
+
+def test_a_record_being_written_and_a_prune_that_does_not_cover_the_arm_are_not_adopted(tmp_path):
+    root = committed(tmp_path, "drophead")
+    jobs = plan(load_study("layerdrop_prune"), tmp_path / "runs", root / "layerdrop_prune")
+    none_s1 = root / "drophead" / "runs" / "none-s1"
+    os.replace(none_s1, none_s1.with_name(".none-s1.tmp"))  # write_record's temp folder, mid-write
+    assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 2"]
+    assert [r.seed for r in load_records(root / "drophead")["none"]] == [2]  # not read as a record either
+    (job,) = [j for j in jobs if j.tag == "ld0.5_learned seed 1"]
+    src = root / "other" / "runs" / "x-s1"
+    src.mkdir(parents=True)
+    (src / "results.json").write_text(json.dumps({"status": "completed", "identity_hash": job.identity_hash}))
+    rows = [{"strategy": "every_other", "kept": 3}, {"strategy": "search_on_valid", "kept": 3}]
+    (src / "prune.json").write_text(json.dumps({"rows": rows}))
+    for st in ("every_other", "search_on_valid"):
+        (src / f"prune.{st}.r3.test.hyp.gz").write_bytes(b"")
+    assert adopt_shared([job], root) == []  # the arm also prunes data_driven
+    (src / "prune.json").write_text(json.dumps({"rows": rows + [{"strategy": "data_driven", "kept": 3}]}))
+    (src / "prune.data_driven.r3.test.hyp.gz").write_bytes(b"")
+    assert adopt_shared([job], root) == [job]

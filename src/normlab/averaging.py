@@ -101,8 +101,8 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
             for k, v in ckpt["state_dict"].items():
                 if v.is_floating_point():
                     sums[k] += v.double()
-                elif k.rsplit(".", 1)[-1] in COUNTERS:
-                    sums[k] = v  # the last checkpoint's draw counter
+                elif k.rsplit(".", 1)[-1] in COUNTERS and torch.equal(v[:1], sums[k][:1]):
+                    sums[k] = v  # the last checkpoint's draw counter (the seed, element 0, must agree)
                 elif not torch.equal(v, sums[k]):  # integer buffers cannot be averaged
                     raise CheckpointMismatch(f"{path}: integer tensor {k} differs from {paths[0]}")
         last = ckpt

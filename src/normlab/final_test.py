@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.averaging import CheckpointMismatch, average_checkpoints, save_checkpoint, step_checkpoints
-from normlab.checkpoint import CheckpointError
+from normlab.checkpoint import CheckpointError, atomic_write_bytes
 from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
@@ -82,7 +82,8 @@ def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, statu
     t = evaluation_pass(out, trainer, module, dm, "test", ckpt)
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
-        (run_dir / "test.hyp").write_text("\n".join(t["hypotheses"]) + "\n", encoding="utf-8")
+        text = ("\n".join(t["hypotheses"]) + "\n").encode("utf-8")  # whole or not at all (a SIGTERM here)
+        atomic_write_bytes(run_dir / "test.hyp", lambda f: f.write(text))
     if status is Status.STALLED:  # at the floor: a greedy or averaged re-decode
         return out                                             # adds nothing but time (issue 21)
     merge_scores(out, extra_test_scores(passes, trainer, module, dm, ckpt, run_dir))  # greedy, averaged

@@ -37,12 +37,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "(where the runs train: not part of their identity, so the records are the same runs)")
     ap.add_argument("--budget", default=None, help="full (default) or smoke, or a budget of the study file")
     ap.add_argument("--jobs", type=int, default=None,
-                    help="runs at a time, the CPU cores split between them (default: 1 with a GPU; on a "
+                    help="runs at a time, the CPU cores split between them (default: 1 on a GPU; on a "
                          "CPU-only machine one per core, at most 2: measured 1.7x the runs per hour of one "
                          "job on both cores, benchmarks/README.md)")
     ap.add_argument("--out", default=None, help="records, README, plots (default: experiments/<name>)")
     ap.add_argument("--runs", default=None, help="run folders (default: studies/runs, shared by the studies)")
-    ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README")
+    ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README "
+                    "(records of the same runs other studies hold are copied in first)")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
     args.launch, accelerator = [], "cpu"  # conf/trainer/cpu.yaml: the runs' default
@@ -50,7 +51,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         key, sep, value = item.partition("=")
         if key in ("study.budget", "budget") and sep:
             args.budget = value
-        elif key == "trainer.accelerator" and value in ACCELERATORS:
+        elif key == "trainer.accelerator" and sep:
+            if value not in ACCELERATORS:
+                raise UserError("trainer.accelerator", f"{value!r} is not an accelerator", ACCELERATORS)
             args.launch, accelerator = [f"trainer.accelerator={value}"], value
         else:
             raise UserError(item, "not a study setting",
@@ -65,6 +68,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# where a study's runs can train: run_config.ACCELERATORS but TPUs (not imported here: it loads torch)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 
 

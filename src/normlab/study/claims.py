@@ -6,6 +6,9 @@
   not yet run: shown with the statuses).
 - similar (A about as good as B): `held` when the interval lies inside ±margin, `contradicted` when
   it lies wholly outside, `inconclusive` otherwise.
+- no_worse (A at most margin worse than B, the paper's "matches or improves"): `held` when the whole
+  interval lies above −margin in the paper's direction, `contradicted` when it lies wholly below,
+  `inconclusive` otherwise (a one-sided non-inferiority test: a large gain still holds).
 - fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
 - trains (A trains where the paper says it does): the reverse of fails.
@@ -132,6 +135,8 @@ def verdict_of(iv: Interval, claim: Claim, lower_better: bool) -> str:
         return "contradicted" if iv.low >= m or iv.high <= -m else "inconclusive"
     sign = -1.0 if lower_better else 1.0  # the paper's direction: A better than B
     low, high = sorted((sign * iv.low, sign * iv.high))
+    if claim.kind == "no_worse":
+        return "held" if low > -claim.margin else "contradicted" if high <= -claim.margin else "inconclusive"
     if low > 0:
         return "held"
     return "contradicted" if high < 0 else "inconclusive"

@@ -51,8 +51,10 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
                for r in own)
     steps = sorted({int(r.results.get("steps") or 0) for r in recs})
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
+    hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600
+             / max(1, int((r.results.get("study") or {}).get("jobs") or 1)) for r in own}
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
-            "shared": len(recs) - len(own), "shared_with": shared}
+            "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
 
 
 def verdict_cell(v: Verdict) -> str:
@@ -227,8 +229,9 @@ def status_text(statuses: dict) -> str:
 
 def cost_table(folder: Path) -> list[str]:
     """What each study cost this machine (its README's Cost line) and the total of the training
-    studies; runs shared between studies count once, in the study that trained them."""
-    rows, total_runs, total_hours = [], 0, 0.0
+    studies, where a run that several studies recorded (the same identity: a shared run folder, or an
+    adopted record) counts once."""
+    rows, total = [], {}
     for path in sorted(folder.glob("*/claims.json")):
         data = json.loads(path.read_text())
         c = data.get("cost")
@@ -241,13 +244,16 @@ def cost_table(folder: Path) -> list[str]:
         rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
                     f"{steps or '—'} | {c['machine_hours']:.2f} |")
         if data.get("kind") != "probe":
-            total_runs, total_hours = total_runs + own, total_hours + c["machine_hours"]
+            for run, h in (c.get("hours_by_run") or {}).items():
+                total.setdefault(run, h)
     if not rows:
         return []
+    total_runs, total_hours = len(total), sum(total.values())
     return ["## What the studies cost", "",
             "Machine-hours of this 2-core machine: each run's wall time divided by the runs that trained beside it.", "",
             "| study | runs recorded (of planned) | steps | machine-hours |", "|---|---|---|---:|", *rows,
-            f"| **training studies, total** | {total_runs} runs | | **{total_hours:.2f}** |"]
+            f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
+            f"**{total_hours:.2f}** |"]
 
 
 def update_index(index: Path) -> None:

@@ -87,6 +87,8 @@ def load_records(out: Path) -> dict[str, list[Record]]:
     """{arm: [records sorted by seed]}."""
     by_arm: dict[str, list[Record]] = {}
     for res_path in sorted((out / "runs").glob("*/results.json")):
+        if res_path.parent.name.startswith("."):  # a record being written (runner's temp folder)
+            continue
         res = json.loads(res_path.read_text())
         info = res.get("study") or {}
         rec = Record(res_path.parent, str(info.get("arm")), int(info.get("seed", res.get("seed") or 0)), res)

@@ -113,18 +113,22 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         return []
     index: dict[str, Path] = {}
     for res_path in sorted(records.glob("*/runs/*/results.json")):
+        if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
+            continue
         try:
             res = json.loads(res_path.read_text())
         except ValueError:
             continue
         if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
-            index.setdefault(res["identity_hash"], res_path.parent)
+            trained_here = res.get("group") == f"study-{res_path.parents[2].name}"  # the study that trained it
+            if trained_here or res["identity_hash"] not in index:
+                index[res["identity_hash"]] = res_path.parent
     adopted = []
     for job in jobs:
         src = index.get(job.identity_hash)
         if src is None or src == job.record or record_done(job) is not None:
             continue
-        if job.arm.prune and not list(src.glob("prune.*.test.hyp.gz")):
+        if job.arm.prune and not _pruned_as(src, job.arm.prune):
             continue
         res = json.loads((src / "results.json").read_text())
         origin = res.get("study") or {}
@@ -141,6 +145,18 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         say(f"shared {job.tag}: the run {src.parents[1].name}/{src.name} recorded (same identity)")
         adopted.append(job)
     return adopted
+
+
+def _pruned_as(record: Path, prune: dict) -> bool:
+    """Whether a record holds the pruned models (every strategy x depth, with translations) an arm's
+    prune settings ask for: another study may have pruned the same run otherwise."""
+    try:
+        rows = json.loads((record / "prune.json").read_text()).get("rows") or []
+    except (OSError, ValueError):
+        return False
+    have = {(r.get("strategy"), r.get("kept")) for r in rows}
+    want = {(st, d) for st in prune.get("strategies") or [] for d in prune.get("depths") or []}
+    return want <= have and all((record / f"prune.{st}.r{d}.test.hyp.gz").is_file() for st, d in want)
 
 
 def run_results(job: Job) -> dict | None:

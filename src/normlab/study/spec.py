@@ -24,7 +24,7 @@ from normlab.errors import UserError
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
 INTERVALS = ("bootstrap", "t")
-KINDS = ("compare", "similar", "fails", "trains")
+KINDS = ("compare", "similar", "no_worse", "fails", "trains")
 # Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
 # test of the machinery in seconds, never a result.
 SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
@@ -64,7 +64,7 @@ class Claim:
     kind: str = "compare"   # compare: A better than B; similar: |A - B| < margin; fails: A diverges or
                             # stalls; trains: A completes
     than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
-    margin: float = 1.0     # similar: the largest difference the paper would call "about as good"
+    margin: float = 1.0     # similar, no_worse: the largest difference the paper would call "about as good"
     direction: str | None = None  # higher | lower is better; default: lower for loss / nll / ppl
 
 
@@ -156,7 +156,7 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
         if c.interval not in INTERVALS:
             raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
-        for side in (c.better, c.than) if c.kind in ("compare", "similar") else (c.better,):
+        for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
             if side not in arms and side not in best_of:
                 raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
         claims.append(c)
