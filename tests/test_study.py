@@ -509,3 +509,18 @@ def test_a_study_on_a_gpu_launches_the_same_runs_there(tmp_path):
     assert cmd[cmd.index("normlab.commands.train") + 1:][:len(jobs[0].overrides)] == jobs[0].overrides
     assert "trainer.accelerator=gpu" in cmd and cmd.index("trainer.accelerator=gpu") > len(jobs[0].overrides)
     sweep.log_file.close()
+
+
+@pytest.mark.parametrize("low, high, verdict", [(-0.5, 3.0, "held"), (0.5, 4.0, "held"), (-1.5, 0.2, "inconclusive"),
+                                                (-3.0, -1.2, "contradicted"), (-1.0, 2.0, "inconclusive")])
+def test_no_worse_is_one_sided_non_inferiority(low, high, verdict):
+    """kind: no_worse (LayerDrop "matches or improves"): held when the whole interval is above
+    −margin, a large gain included; contradicted when it is wholly at or below −margin."""
+    from normlab.study.claims import verdict_of
+    from normlab.study.spec import Claim
+    from normlab.study.stats import Interval
+
+    c = Claim(id="c", claim="x", source="s", paper="p", better="a", than="b", kind="no_worse", margin=1.0)
+    assert verdict_of(Interval((low + high) / 2, low, high, "t", 2), c, lower_better=False) == verdict
+    # for a loss (lower is better) the same interval of B's side: mirrored
+    assert verdict_of(Interval(-(low + high) / 2, -high, -low, "t", 2), c, lower_better=True) == verdict
