@@ -1,9 +1,13 @@
 """The models, batches and measures shared by the training benchmarks (train_throughput.py,
-profile_step.py): normlab's Transformer and two peers at one reference config and three dropout
-settings, the analytic FLOPs of a training step, a matmul peak and the peak memory of a step.
+profile_step.py): normlab's Transformer and two peers at one shape and five settings (three
+dropout settings, two of them also with the model alone), the analytic FLOPs of a training step, a
+matmul peak and the peak memory of a step.
 
-Reference config (issue 13): 6+6 layers, d 256, 4 heads, FFN 1024, tied 8k joint vocabulary,
-post-norm, label smoothing 0.1, Adam; batches of 128 sentences x 32 tokens on each side.
+Shapes (`--shape`): `reference` (issue 13): 6+6 layers, d 256, 4 heads, FFN 1024, tied 8k joint
+vocabulary, post-norm, label smoothing 0.1, Adam; batches of 128 sentences x 32 tokens on each side.
+`tiny`: `make train`'s model (conf/model/tiny.yaml: 3+3 layers, d 128, 4 heads, FFN 512, pre-norm
+as conf/config.yaml's default norm), batches of 64 x 32 (its max_tokens 2048). `small`: a toy, to
+check the scripts.
 """
 from __future__ import annotations
 
@@ -30,6 +34,26 @@ class Shape:
     vocab: int = 8000
     batch: int = 128  # sentences per batch (synthetic batches)
     length: int = 32  # tokens per sentence on each side (synthetic batches)
+    placement: str = "post"  # post | pre: every model's norm placement
+
+
+def tiny_shape() -> Shape:
+    # `make train`'s model: conf/model/tiny.yaml (read, so the two cannot drift apart) with
+    # conf/config.yaml's default norm (prenorm), at its max_tokens 2048 per batch side (64 x 32 tokens).
+    from omegaconf import OmegaConf
+
+    m = OmegaConf.load(ROOT / "conf/model/tiny.yaml")
+    for key in ("layers", "heads", "ffn"):
+        assert m[f"encoder_{key}"] == m[f"decoder_{key}"], f"tiny.yaml: encoder_{key} != decoder_{key}"
+    return Shape(d=m.d_model, layers=m.encoder_layers, heads=m.encoder_heads, ffn=m.encoder_ffn, batch=64,
+                 placement="pre")
+
+
+def shape(name: str) -> Shape:
+    return {"reference": Shape, "tiny": tiny_shape, "small": lambda: small(Shape())}[name]()
+
+
+SHAPES = ("reference", "tiny", "small")
 
 
 # Dropout of each kind per setting: residual (sub-layer outputs), embedding (token + position),
@@ -39,11 +63,32 @@ SETTINGS = {
     "everywhere": dict(residual=0.1, embedding=0.1, attention=0.1, activation=0.1),
     "none": dict(residual=0.0, embedding=0.0, attention=0.0, activation=0.0),
 }
+# The model alone: normlab on full logits and torch's F.cross_entropy(label_smoothing=0.1), the
+# peers' loss path, instead of its chunked loss (losses.model_loss); the peers are as in the dropout
+# setting named (train_throughput.py measures them once for both).
+MODEL_ALONE = {"papers_model": "papers", "none_model": "none"}
 SETTING_TEXT = {
     "papers": "the papers' regularisation: residual + embedding dropout 0.1",
     "everywhere": "dropout 0.1 everywhere: residual, embedding, attention, activation",
     "none": "no dropout",
+    "papers_model": "the model alone (every model on full logits + F.cross_entropy), the papers' dropout",
+    "none_model": "the model alone (every model on full logits + F.cross_entropy), no dropout",
 }
+
+
+def dropout(setting: str) -> dict:
+    # The dropout of each kind in a setting (a model-alone setting: its dropout setting's).
+    return SETTINGS[MODEL_ALONE.get(setting, setting)]
+
+
+def build(cls, s: "Shape", setting: str, compile: bool = False):
+    """A model of class `cls` for a setting: normlab on its training loss path, or with the model alone on
+    full logits and the peers' loss."""
+    if cls is Normlab:
+        return cls(s, dropout(setting), compile=compile, full_logits=setting in MODEL_ALONE)
+    return cls(s, dropout(setting), compile=compile)
+
+
 PEER_NOTES = {
     "x-transformers": "no residual dropout exists, so 'papers' gets FFN (activation) + embedding dropout",
     "torch.nn.Transformer": "one dropout for residual, attention and activation, so 'papers' = 'everywhere'",
@@ -58,22 +103,29 @@ def label_smoothed_ce(logits: torch.Tensor, tgt_out: torch.Tensor, ntokens) -> t
 
 class Normlab:
     name = "normlab"
+    full_logits = False  # True: the model alone, on full logits and the peers' loss
 
-    def __init__(self, s: Shape, drop: dict, compile: bool = False):
+    def __init__(self, s: Shape, drop: dict, compile: bool = False, full_logits: bool = False):
         from normlab.config import ModelConfig, NormConfig
         from normlab.model.transformer import Seq2SeqTransformer
 
         cfg = ModelConfig(vocab_size=s.vocab, d_model=s.d, encoder_layers=s.layers, decoder_layers=s.layers,
                           encoder_heads=s.heads, decoder_heads=s.heads, encoder_ffn=s.ffn, decoder_ffn=s.ffn,
                           dropout=drop["residual"], attention_dropout=drop["attention"],
-                          activation_dropout=drop["activation"], norm=NormConfig(placement="post"))
+                          activation_dropout=drop["activation"], norm=NormConfig(placement=s.placement))
         assert drop["embedding"] == drop["residual"], "normlab's `dropout` covers residuals and embeddings"
         self.model = Seq2SeqTransformer(cfg)
         self.forward = torch.compile(self.model) if compile else self.model
+        self.full_logits = full_logits
+
+    def logits(self, src, tgt_in):
+        return self.forward(src, tgt_in)  # (B, T, V)
 
     def loss(self, b: dict) -> torch.Tensor:
         from normlab.losses import model_loss
 
+        if self.full_logits:  # the model alone: the peers' loss path
+            return label_smoothed_ce(self.logits(b["src"], b["tgt_in"]), b["tgt_out"], b["ntokens"])
         # As Seq2SeqModule trains: output projection and loss in row chunks, no (B, T, V) logits.
         return model_loss(self.forward, b["src"], b["tgt_in"], b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
 
@@ -84,9 +136,10 @@ class XTransformers:
     def __init__(self, s: Shape, drop: dict, compile: bool = False):
         from x_transformers import XTransformer
 
-        # Post-norm like the others; attn_flash = its SDPA path (faster here than its einsum path).
-        kw = dict(pre_norm=False, heads=s.heads, attn_dim_head=s.d // s.heads, depth=s.layers, ff_mult=s.ffn // s.d,
-                  attn_flash=True,
+        # The shape's norm placement like the others; attn_flash = its SDPA path (faster here than its
+        # einsum path).
+        kw = dict(pre_norm=s.placement == "pre", heads=s.heads, attn_dim_head=s.d // s.heads, depth=s.layers,
+                  ff_mult=s.ffn // s.d, attn_flash=True,
                   ff_dropout=drop["activation"] or drop["residual"], attn_dropout=drop["attention"],
                   emb_dropout=drop["embedding"])
         self.model = XTransformer(dim=s.d, tie_token_emb=True, ignore_index=0, pad_value=0,
@@ -115,19 +168,22 @@ class TorchTransformer:
         self.emb = torch.nn.Embedding(s.vocab, s.d, padding_idx=0)
         self.pos = torch.nn.Embedding(256, s.d)
         self.drop = torch.nn.Dropout(drop["embedding"])
-        self.core = torch.nn.Transformer(s.d, s.heads, s.layers, s.layers, s.ffn, dropout=p, batch_first=True)
+        self.core = torch.nn.Transformer(s.d, s.heads, s.layers, s.layers, s.ffn, dropout=p, batch_first=True,
+                                         norm_first=s.placement == "pre")
         self.model = torch.nn.ModuleDict({"emb": self.emb, "pos": self.pos, "core": self.core})
 
     def embed(self, x):
         return self.drop(self.emb(x) * self.d ** 0.5 + self.pos.weight[: x.size(1)])
 
-    def loss(self, b: dict) -> torch.Tensor:
-        src, tgt = b["src"], b["tgt_in"]
+    def logits(self, src, tgt):
         T = tgt.size(1)
         causal = torch.ones(T, T, dtype=torch.bool, device=src.device).triu(1)  # True = masked
         h = self.core(self.embed(src), self.embed(tgt), tgt_mask=causal, tgt_is_causal=True,
                       src_key_padding_mask=src.eq(0), memory_key_padding_mask=src.eq(0))
-        return label_smoothed_ce(h @ self.emb.weight.t(), b["tgt_out"], b["ntokens"])
+        return h @ self.emb.weight.t()  # (B, T, V)
+
+    def loss(self, b: dict) -> torch.Tensor:
+        return label_smoothed_ce(self.logits(b["src"], b["tgt_in"]), b["tgt_out"], b["ntokens"])
 
 
 PEERS = (Normlab, XTransformers, TorchTransformer)
