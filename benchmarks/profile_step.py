@@ -7,6 +7,8 @@ Backward ops are attributed to the forward op that created them (autograd sequen
 self times; under machine load read the fractions, not the milliseconds.
 
     python benchmarks/profile_step.py                        # normlab, all three dropout settings
+    python benchmarks/profile_step.py --settings none --shape tiny    # make train's model
+    python benchmarks/profile_step.py --settings none_model  # the model alone (full logits, F.cross_entropy)
     python benchmarks/profile_step.py --settings everywhere --model x-transformers
     python benchmarks/profile_step.py --small --steps 1      # a quick check
     python benchmarks/profile_step.py --trace trace.json     # also a Chrome trace of the last setting
@@ -76,8 +78,8 @@ def _enclosing(e, names):
 
 def summarize(events, steps: int) -> dict:
     label_of_seq: dict[tuple[int, str], str] = {}
-    for e in events:  # forward ops inside a label range: their autograd (sequence number, op)
-        lab = _enclosing(e, LABELS)
+    for e in events:  # forward ops inside a label range or the loss: their autograd (sequence number, op)
+        lab = _enclosing(e, LABELS) or _enclosing(e, ("loss",))  # the loss's backward (log-softmax's) is "loss"
         if lab and e.sequence_nr >= 0:
             label_of_seq.setdefault((e.sequence_nr, _norm(e.name)), lab)
     table = defaultdict(float)  # (phase, component) -> ms
@@ -128,7 +130,7 @@ def _enclosing_node(e):
 
 def profile_setting(cls, shape, setting, batches, device, steps, trace=None):
     torch.manual_seed(0)
-    peer = cls(shape, P.SETTINGS[setting])
+    peer = P.build(cls, shape, setting)
     peer.model.to(device).train()
     opt = P.adam(peer.model.parameters(), device)
     for b in batches[:2]:
@@ -150,22 +152,23 @@ def profile_setting(cls, shape, setting, batches, device, steps, trace=None):
     return summarize(prof.events(), steps)
 
 
+def _chunked(peer) -> bool:
+    # normlab as it trains: the loss applies the output projection (losses.model_loss)
+    return peer.name == "normlab" and not peer.full_logits
+
+
 def _forward(peer, b):
-    if peer.name == "normlab":  # as it trains: the loss applies the output projection (losses.model_loss)
+    if _chunked(peer):
         return peer.model.output_projection.operands(peer.model(b["src"], b["tgt_in"], project=False))
-    if peer.name == "x-transformers":
-        return peer.logits(b["src"], b["tgt_in"])
-    return None  # torch.nn.Transformer: all in "loss"
+    return peer.logits(b["src"], b["tgt_in"])  # (B, T, V)
 
 
 def _loss(peer, logits, b):
-    if peer.name == "normlab":
+    if _chunked(peer):
         from normlab.losses import projected_label_smoothed_nll
 
         return projected_label_smoothed_nll(*logits, b["tgt_out"], 0.1, 0)[0] / b["ntokens"]
-    if logits is not None:
-        return P.label_smoothed_ce(logits, b["tgt_out"], b["ntokens"])
-    return peer.loss(b)
+    return P.label_smoothed_ce(logits, b["tgt_out"], b["ntokens"])
 
 
 def print_summary(setting: str, s: dict) -> None:
@@ -189,23 +192,25 @@ def print_summary(setting: str, s: dict) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--settings", default="none,papers,everywhere")
+    ap.add_argument("--settings", default="none,papers,everywhere", help=f"of {', '.join(P.SETTING_TEXT)}")
+    ap.add_argument("--shape", choices=P.SHAPES, default="reference", help="the model's shape (peers.py)")
     ap.add_argument("--model", default="normlab", choices=[c.name for c in P.PEERS])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--small", action="store_true", help="--shape small")
     ap.add_argument("--trace", help="write a Chrome trace of the last setting here")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     instrument()
     device = torch.device(args.device)
-    shape = P.small(P.Shape()) if args.small else P.Shape()
+    shape = P.shape("small" if args.small else args.shape)
     batches = P.synthetic_batches(shape, max(args.steps, 2), device)
     cls = next(c for c in P.PEERS if c.name == args.model)
     settings = args.settings.split(",")
     print(f"{args.model}, torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
+          f"d{shape.d} {shape.layers}+{shape.layers} layers {shape.placement}-norm, "
           f"batch {tuple(batches[0]['src'].shape)}, {args.steps} profiled steps")
     for i, setting in enumerate(settings):
         s = profile_setting(cls, shape, setting, batches, device, args.steps,
