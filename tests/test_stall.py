@@ -1,5 +1,6 @@
 """status "stalled": the input-independent floor by value, the criterion on curves, and a real run
 made to stall (no learning: lr ~ 0) next to one that learns; the report shows it like "diverged"."""
+import csv
 import json
 
 import pytest
@@ -89,7 +90,7 @@ def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_co
     stop_after steps after the stall is first found (status stalled, both steps recorded); a run
     that learns trains to the end. (margin -0.5: "stalled" = flat above floor + 0.5, since a 2-layer
     d-32 model on 600 pairs is still near the floor after 60 steps of learning.)"""
-    early = STALL[:3] + ["trainer.max_steps=60", "eval.valid_bleu=false", "eval.test_decoder.beam=2",
+    early = STALL[:3] + ["trainer.max_steps=60", "eval.test_decoder.beam=2",
                          "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5",
                          "callbacks.stall.stop_after=8", "callbacks.stall.margin=-0.5"]
     out = {}
@@ -101,8 +102,16 @@ def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_co
     # first check with a full window + patience (12 losses after step 0) at step 12, then 16, 20
     assert stalled["status"] == "stalled" and stalled["stall_detected_step"] == 12
     assert stalled["stopped_at_step"] == 20 and stalled["steps"] == 20 < 60
-    assert stalled["valid_loss"] is not None and stalled["test_bleu"] is not None  # scored like any stalled run
-    assert "test_bleu_greedy" not in stalled  # but not re-decoded greedily (nothing to learn from it)
+    # scored by its loss only: a model at the floor decodes to the length cap for a BLEU of 0 (issue 21)
+    assert stalled["valid_loss"] > 0 and stalled["test_loss"] > 0 and stalled["test_ppl"] > 1
+    assert stalled["valid_bleu"] is None and stalled["test_bleu"] is None and stalled["test_chrf"] is None
+    assert "test_bleu_greedy" not in stalled and "test_bleu_avg" not in stalled
+    assert not (tmp_path / "stalled" / "test.hyp").exists()
+    # validations every 4 steps decode until the run is found stalled (step 20, the stop), whose
+    # validation (Lightning's, at a stop) scores the loss only
+    rows = [r for r in csv.DictReader(open(tmp_path / "stalled" / "csv" / "metrics.csv")) if r.get("valid/loss")]
+    assert [int(r["step"]) + 1 for r in rows] == [4, 8, 12, 16, 20]  # the CSV counts steps from 0
+    assert [bool(r.get("valid/bleu")) for r in rows] == [True, True, True, True, False]
     assert out["learning"]["status"] == "completed" and out["learning"]["steps"] == 60
     assert out["learning"]["test_bleu_greedy"] is not None
 

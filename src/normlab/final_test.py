@@ -10,8 +10,11 @@
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
 - partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
-A stalled run (callbacks/stall.py) is scored by the valid and beam test passes only: the greedy and
-averaged re-decodes of a model at its input-independent floor cost time and say nothing more.
+A stalled run (callbacks/stall.py) is scored by the valid and test passes' loss only (loss, nll,
+ppl; bleu and chrf None, no test.hyp: Seq2SeqModule.decoder), and not by the greedy and averaged
+passes: a model at its input-independent floor decodes every sentence to the length cap, minutes per
+pass, for a BLEU of 0 (issue 21; deep_bleu's stalled post-LN runs spent ~5 of their 19 minutes
+there). Runs recorded before this rule keep the BLEU of 0.0 they were decoded to.
 """
 from __future__ import annotations
 
@@ -84,8 +87,8 @@ def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, statu
     if trainer.is_global_zero and "hypotheses" in t:
         text = ("\n".join(t["hypotheses"]) + "\n").encode("utf-8")  # whole or not at all (a SIGTERM here)
         atomic_write_bytes(run_dir / "test.hyp", lambda f: f.write(text))
-    if status is Status.STALLED:  # at the floor: a greedy or averaged re-decode
-        return out                                             # adds nothing but time (issue 21)
+    if status is Status.STALLED:  # at the floor: the passes above scored its loss only, and a
+        return out                  # greedy or averaged pass would add nothing (issue 21)
     merge_scores(out, extra_test_scores(passes, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
 

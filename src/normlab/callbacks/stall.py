@@ -18,14 +18,15 @@ Criterion, decided when training ends (trainer.fit returns), with `w` = window, 
 The loss is the training loss of each optimizer step (label-smoothed, per target token, the mean over
 the step's accumulated micro-batches; windows count optimizer steps; under DDP the means
 and the token counts are reduced over ranks). p is counted from the targets of the batches this run
-trained on. A stalled run keeps its scores (it is scored like a completed one) and results.json
-gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
+trained on. A stalled run is scored by its loss only (valid and test loss, nll, ppl; no decoding:
+final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
 `stall_reason`; the report counts it like a diverged run. Off: `callbacks.stall.margin: null`.
 
 Stopping early (`stop_after: N`, on in the study presets): the criterion is also checked every
 `window` optimizer steps during training (one reduction and host read per check, none between);
 once it has held at every check for N steps the run stops there, `status: stalled` with
-`stall_detected_step` and `stopped_at_step`, and is scored like any stalled run. A curve that
+`stall_detected_step` and `stopped_at_step`, and is scored like any stalled run (the validation
+Lightning runs at the stop scores its loss only, as every pass after the stall is found does). A curve that
 starts falling again before then clears the detection (deep post-norm can sit on a plateau and
 then learn). null: decided only when training ends, as above.
 """
