@@ -141,9 +141,9 @@ SCHEMES = {
 }
 
 
-# hyper.*: every stream-mixing parameter of hyper-connections (static α, β, the dynamic scale and
-# norm, mHC's biases) gets a gradient below 1e-6 of the largest at init, where the n streams are
-# equal copies (issue 20 left: whether the streams ever part in training); k_norm.bias: HybridNorm's
+# hyper.*: a stream-mixing parameter of hyper-connections (static α, β, the dynamic scale and
+# norm, mHC's b_pre and b_res) may get a gradient below 1e-6 of the largest at init, where the n
+# streams are equal copies (they part in training: tests/test_hyper.py); k_norm.bias: HybridNorm's
 # key norm's bias, a shift shared by every key.
 ZERO_AT_INIT = ("hyper.", "layers.0.self_attn.sublayer.value_residual.lambdas", "k_proj.bias", "k_norm.bias")
 

@@ -18,13 +18,27 @@ mhc    (Xie et al. 2025, DeepSeek-AI, arXiv 2512.24880, mHC: Manifold-Constraine
        mean and its norm is at most 1, so products of them across depth cannot amplify the
        signal (the paper's argument against HC's instability at scale). Static:
        H̃ = b (learned); dynamic (the paper's): H̃ = a·(x̃φ) + b with x̃ = RMSNorm of the n streams
-       flattened to one n·d vector per token, φ = 0 and a = 0.01 at init (as HC above). We found
-       no init for b in the paper; ours makes the block pre-LN's at init: b_pre = −log(n − 1) (σ = 1/n:
-       h = the streams' mean), b_post = 0 (2σ = 1), b_res = 0 (Sinkhorn gives the uniform 1/n
-       matrix, which maps n equal streams to themselves). Sinkhorn: SINKHORN_ITERS = 20 alternate
-       row and column normalisations, the paper's t_max = 20 (lucidrains' default too): columns
-       sum to 1 after the last step, rows to within 1e-3 for logits of spread 1 (tests/test_hyper.py),
-       and a fixed count keeps the forward deterministic and cheap (n² per token and iteration).
+       flattened to one n·d vector per token, φ = 0 and a = 0.01 at init (as HC above). The paper
+       gives no init for b (none found in what we could read of it), so ours is HC's eq. (14) as
+       near as mHC's maps reach it: with L = MHC_OFF_LOGIT = −8, b_res = 0 on the diagonal and L off
+       it (FFTYYY/mhc-lite, the mHC-lite paper's code, hyper_conn/mhc.py: init_alpha1; and
+       tokenbender/mHC-manifold-constrained-hyper-connections, hyper_connections_mhc.py: init_h_res),
+       so H_res = Sinkhorn(exp b_res) ≈ I (diagonal 1/(1 + (n−1)e^L) ≈ 0.999, else e^L times that);
+       H_pre = that matrix's row k mod n (k the block's index in its stack: block k reads stream
+       k mod n, as those two and lucidrains/hyper-connections start H_pre), i.e. b_pre = −L − log(n−1)
+       at k mod n and L − log(1 + (n−2)e^L) elsewhere, so Σσ(b_pre) = 1; b_post = 0 (2σ = 1, HC's
+       β = 1; mhc-lite starts it at ±1 and lucidrains at 2σ(1) for every stream, neither of which
+       keeps the next property). So the block is pre-LN's at init up to rounding (the read weights
+       sum to 1, H_res maps n equal streams to themselves, each stream gets the branch once), and,
+       unlike the uniform init (b_pre = −log(n−1), b_res = 0) this replaced, it is not symmetric
+       under permuting the streams: the uniform one gave every stream the same gradient, so the n
+       streams stayed equal copies through training (tests/test_hyper.py). Sinkhorn:
+       SINKHORN_ITERS = 20 alternate row and column normalisations, the paper's t_max = 20
+       (lucidrains' default too): columns sum to 1 after the last step, rows to within 1e-3 for
+       logits of spread 1 around 0, but near the identity (our init) they converge slowly, the rate
+       set by the off-diagonal mass: ~5e-3 off for diagonal logits moved by N(0, 0.5²), ~2e-2 for
+       N(0, 1) (exact at init, whose matrix is symmetric; tests/test_hyper.py); a fixed count keeps
+       the forward deterministic and cheap (n² per token and iteration).
 
 The stack expands its embedding into n copies (StreamExpand, the paper's H⁰) and sums the streams
 (StreamReduce, the paper's "sum the last hyper hidden matrix row-wise"; lucidrains and
@@ -50,6 +64,7 @@ MIXINGS = ("static", "dynamic")  # model.residual_mixing
 STREAMS = 4  # model.residual_streams' default: the paper's main setting (n = 4, "HC×4")
 SINKHORN_ITERS = 20  # mHC's t_max
 DYNAMIC_SCALE = 0.01  # s_α, s_β (HC) and a (mHC) at init
+MHC_OFF_LOGIT = -8.0  # mHC's b_res off the diagonal at init (mhc-lite, tokenbender; module docstring)
 
 
 def refusal(cfg) -> tuple[str, str] | None:
@@ -167,15 +182,27 @@ def sinkhorn(logits: torch.Tensor, iters: int = SINKHORN_ITERS) -> torch.Tensor:
     return m
 
 
+def mhc_init(n: int, index: int, off: float = MHC_OFF_LOGIT) -> tuple[torch.Tensor, torch.Tensor]:
+    """mHC's b_pre (n) and b_res (n, n) at init for the block `index` of its stack (module docstring):
+    b_res = 0 on the diagonal, `off` elsewhere (Sinkhorn(exp b_res) ≈ I); σ(b_pre) = that matrix's
+    row index mod n, so the read weights sum to 1 and favour stream index mod n."""
+    b_res = torch.full((n, n), off).fill_diagonal_(0.0)
+    if n == 1:  # one stream: σ(10) ≈ 1, H_res = 1
+        return torch.full((1,), 10.0), b_res
+    # σ(b) = p ⇔ b = log p − log(1 − p); p_k = 1/(1 + (n−1)e^off), p_other = e^off·p_k
+    b_pre = torch.full((n,), off - math.log1p((n - 2) * math.exp(off)))
+    b_pre[index % n] = -off - math.log(n - 1)
+    return b_pre, b_res
+
+
 class ManifoldHyperConnection(_Connection):
     """Xie et al. 2025: H ← H_res·H + H_postᵀ·drop(F(N(H_pre·H))), H_res doubly stochastic."""
 
-    def __init__(self, n: int, d: int, dynamic: bool, eps: float):
+    def __init__(self, n: int, d: int, index: int, dynamic: bool, eps: float):
         super().__init__()
         self.n, self.dynamic = n, dynamic
-        self.b_pre = nn.Parameter(torch.full((n,), -math.log(n - 1) if n > 1 else 10.0))  # σ = 1/n (n = 1: ≈ 1)
-        self.b_post = nn.Parameter(torch.zeros(n))
-        self.b_res = nn.Parameter(torch.zeros(n, n))
+        self.b_pre, self.b_res = (nn.Parameter(b) for b in mhc_init(n, index))
+        self.b_post = nn.Parameter(torch.zeros(n))  # 2σ = 1: every stream gets the branch once
         if dynamic:
             self.norm = RMSNorm(n * d, eps)  # over the flattened streams, as the paper (applied in weights)
             self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + n * n))  # φ_pre, φ_post, φ_res
@@ -208,5 +235,5 @@ def build_connection(cfg, d: int, index: int) -> nn.Module | None:
     if cfg.residual == "hyper":
         return HyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm)
     if cfg.residual == "mhc":
-        return ManifoldHyperConnection(cfg.residual_streams, d, dynamic, cfg.norm.eps)
+        return ManifoldHyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm.eps)
     return None
