@@ -24,7 +24,7 @@ from normlab.checkpoint import CheckpointError, atomic_write_bytes
 from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
-from normlab.scoring import load_weights, log_metrics, score_split, sigterm_interrupts
+from normlab.scoring import load_weights, log_metrics, score_split, signals_interrupt
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -68,7 +68,7 @@ def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
         return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
-    with sigterm_interrupts(trainer):  # the run ends `interrupted`; the rerun scores it
+    with signals_interrupt(trainer):  # SIGTERM / SIGUSR1: the run ends `interrupted`; the rerun scores it
         return _final_scores(passes, trainer, module, dm, run_dir, status)
 
 

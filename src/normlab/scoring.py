@@ -15,9 +15,13 @@ It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears 
   hypotheses over the ranks, so every rank holds the whole split's scores (as validation does);
 - logging: every logger at the step training ended on, with the epoch, as Lightning logs an
   evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
-- SIGTERM (a study stopping, a cluster preempting) ends the passes: the signal goes on to the
-  processes the strategy launched (DDP ranks) and SystemExit(143) leaves train.run, which records
-  the run `interrupted` (Lightning's signal handler stopped its loop at the next batch).
+- SIGTERM (a study stopping, a cluster preempting) or SIGUSR1 (SLURM's time-limit warning) ends
+  the passes (signals_interrupt): the signal goes on to the processes the strategy launched (DDP
+  ranks) and signals.Signalled (a SystemExit, 128 + signal) leaves the passes; train.run records
+  the run `interrupted` in results.json, then hands the signal over as preemption does
+  (signals.hand_over: the handler installed before, e.g. submitit's, else on SLURM a requeue for
+  SIGUSR1) and exits 128 + signal; the same command scores the run (under trainer.test,
+  Lightning's signal handler stopped its loop at the next batch).
 Callbacks are not called: a pass changes no callback's state (the run's counters, its best
 checkpoint's bookkeeping stay the run's, not the loaded checkpoint's).
 """
@@ -27,11 +31,14 @@ import itertools
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
 from normlab.config import ConfigError
+from normlab.signals import Signalled
+
+STOPPING = (signal.SIGTERM, signal.SIGUSR1)  # what a cluster or a study sends to stop a job
 
 
 def load_weights(trainer, module, ckpt: str) -> None:
@@ -99,23 +106,29 @@ def log_metrics(trainer, metrics: dict[str, float]) -> None:
 
 
 @contextmanager
-def sigterm_interrupts(trainer) -> Iterator[None]:
-    """Within: SIGTERM is passed on to the strategy's launched processes and to the handler installed
-    before (e.g. submitit's), then raises SystemExit(128 + SIGTERM) here (the main thread only)."""
+def signals_interrupt(trainer) -> Iterator[None]:
+    """Within: SIGTERM or SIGUSR1 is passed on to the strategy's launched processes and raises
+    signals.Signalled(signum, the handler installed before) here (the main thread only); a second
+    signal while it unwinds is ignored. train.run hands it over once results.json is written."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    caught: list[int] = []
+    before: dict[int, Any] = {}
 
     def stop(signum: int, frame) -> None:
+        if caught:  # already stopping
+            return
+        caught.append(signum)
         launcher = trainer.strategy.launcher
         if launcher is not None:
             launcher.kill(signum)
-        if callable(before):
-            before(signum, frame)
-        raise SystemExit(128 + signum)
+        raise Signalled(signum, before.get(signum))
 
-    before = signal.signal(signal.SIGTERM, stop)
     try:
+        for s in STOPPING:
+            before[s] = signal.signal(s, stop)
         yield
     finally:
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)

@@ -1,13 +1,14 @@
 """What SIGTERM / SIGUSR1 do once they have stopped a run and results.json says so: one function,
-`hand_over` (used by callbacks/preemption.py, whose run ends `preempted`).
+`hand_over`, for the two places a run stops on them (training: callbacks/preemption.py, whose run
+ends `preempted`; the final passes: scoring.signals_interrupt, whose run ends `interrupted`).
 
 - the handler installed before normlab's (e.g. submitit's, which resubmits the job) gets the signal;
 - else on SLURM (SLURM_JOB_ID set, SLURM_PROCID 0), SIGUSR1 requeues the job (`scontrol requeue
   <job>`, as Lightning's SLURMEnvironment does); SIGTERM does not (SLURM requeues preempted jobs
   itself when the partition says so);
 - then the process exits with 128 + the signal number (a sweep does not go on to its next job).
-It comes after results.json is written: `scontrol requeue` ends the running job, and the requeued
-job runs the same command, which reads that file to continue the run.
+Both come after results.json is written: `scontrol requeue` ends the running job, and the requeued
+job runs the same command, which reads that file to continue the run (or to score it).
 """
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def hand_over(signum: int, before: Any, requeue: bool = True) -> NoReturn:
             log.warning("scontrol requeue %s failed: %s", job, (result.stderr or result.stdout).strip())
     raise SystemExit(128 + signum)
 
+
+class Signalled(SystemExit):
+    """SIGTERM / SIGUSR1 stopped the final passes (scoring.signals_interrupt): exits 128 + signum,
+    and train.run, once results.json is written, calls `hand_over(signum, before)`."""
+
+    def __init__(self, signum: int, before: Any):
+        super().__init__(128 + signum)
+        self.signum, self.before = signum, before

@@ -5,7 +5,8 @@ SLURM sends SIGUSR1 before a job's time limit (`--signal=USR1@120`, what submiti
 signal: the checkpoint is written by FullStateCheckpoint after the current optimizer step (after
 validation if one is due), never from inside the handler, where the step would be half done and
 the continuation could not be exact. Then training stops, train.run writes results.json with
-status "preempted" and calls `after_run()`, which hands the signal over (normlab/signals.py):
+status "preempted" and calls `after_run()`, which hands the signal over (normlab/signals.py, the
+same function the final passes use for a signal that stops them):
 - if a handler was installed before ours (submitit's, which resubmits the job), it gets the signal;
 - else on SLURM, SIGUSR1 requeues the job (`scontrol requeue`, as Lightning's SLURMEnvironment
   does); SIGTERM does not (SLURM requeues preempted jobs itself when the partition says so);
