@@ -38,7 +38,9 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
     `log_scores` is false); the pass's full result."""
     if ckpt:
         load_weights(trainer, module, ckpt)
-    scored = score_split(trainer, module, dm, split, decode)
+    name = Path(ckpt).name if ckpt else "final weights"
+    # progress lines name the pass ("final test greedy (...)"); the score line's keys carry the suffix
+    scored = score_split(trainer, module, dm, split, decode, label=f"final {split}{suffix.replace('_', ' ')} ({name})")
     result: dict = {}
     if scored is not None:  # None: the split's batch limit is 0, nothing was scored
         metrics, result = scored
@@ -46,7 +48,7 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
         if log_scores:
             log_metrics(trainer, logged)
         module.split_scores[split] = result
-        rank_zero_info(score_line(f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})", logged, result))
+        rank_zero_info(score_line(f"final {split} ({name})", logged, result))
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
         out.setdefault("partial", {})[f"{split}{suffix}"] = result["partial"]
