@@ -47,7 +47,6 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
         logged = {f"{split}/{k}{suffix}": v for k, v in metrics.items() if k in keys}
         if log_scores:
             log_metrics(trainer, logged)
-        module.split_scores[split] = result
         rank_zero_info(score_line(f"final {split} ({name})", logged, result))
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
