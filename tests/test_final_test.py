@@ -6,6 +6,7 @@ import ast
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import lightning as L
@@ -142,11 +143,11 @@ def test_sigterm_while_scoring_ends_the_run_interrupted(small_corpus, tmp_path, 
 
     real = final_test.score_split
 
-    def signalled(trainer, module, dm, split, decode=None):
+    def signalled(trainer, module, dm, split, *args, **kwargs):
         if split == "test":
             assert callable(signal.getsignal(signal.SIGTERM))  # else the signal would end pytest itself
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(trainer, module, dm, split, decode)
+        return real(trainer, module, dm, split, *args, **kwargs)
 
     monkeypatch.setattr(final_test, "score_split", signalled)
     before = signal.getsignal(signal.SIGTERM)
@@ -186,3 +187,65 @@ def test_the_final_passes_use_no_lightning_loop_and_no_private_name():
         assert not of_trainer & {"validate", "test"}, name
         attrs = {n.attr for n in attributes}
         assert not [a for a in attrs if a.startswith("_") and not a.startswith("__")], name
+
+
+def progress_lines(messages) -> list[tuple[str, int, int, int]]:
+    """(label, batch, of, seconds) of each final-pass progress line."""
+    line = re.compile(r"(final [\w ]+ \([^)]+\)): batch (\d+)/(\d+), (\d+) s$")
+    return [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in map(line.search, messages) if m]
+
+
+def tenths(n: int) -> list[int]:
+    """The batches after which a pass of n batches has completed another tenth."""
+    return [i for i in range(1, n + 1) if i * 10 // n > (i - 1) * 10 // n]
+
+
+def test_progress_lines_every_tenth_or_every_30_seconds(monkeypatch, caplog):
+    import itertools
+
+    from normlab import scoring
+
+    def seen(total, step_s, batches, enabled=True):
+        ticks = itertools.count(0, step_s)  # the clock's readings, step_s seconds apart
+        monkeypatch.setattr(scoring, "clock", lambda: float(next(ticks)))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="normlab"):
+            progress = scoring.PassProgress("final test (best.ckpt)", total, enabled)
+            for i in range(1, batches + 1):
+                progress.batch_done(i)
+        return [(b, s) for _, b, of, s in progress_lines(caplog.messages) if of == total]
+
+    assert seen(40, 0, 40) == [(i, 0) for i in range(4, 41, 4)]  # fast: a line per tenth, the last batch's too
+    assert seen(1000, 10, 9) == [(3, 30), (6, 60), (9, 90)]  # slow: every 30 s between the tenths
+    assert seen(1000, 1, 250) == [(30, 30), (60, 60), (90, 90), (100, 100), (130, 130), (160, 160), (190, 190),
+                                  (200, 200), (230, 230)]
+    assert seen(3, 0, 3) == [(1, 0), (2, 0), (3, 0)]  # fewer than ten batches: every batch
+    assert seen(40, 0, 40, enabled=False) == []  # ranks other than 0
+
+
+def test_the_final_passes_write_progress_lines_to_train_log(small_corpus, tmp_path, monkeypatch):
+    """A line per tenth of each final pass in train.log, numbered with the pass's batches and the
+    seconds since it began (a clock of one second per reading: seconds = batches)."""
+    import itertools
+
+    from normlab import scoring
+    from test_train_log import tiny_run
+
+    ticks = itertools.count()
+    monkeypatch.setattr(scoring, "clock", lambda: float(next(ticks)))
+    small = ["data.eval_max_tokens=96", "model.max_positions=48", "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5"]  # >10 batches
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, *small)
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache") + small)
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    dm = TranslationDataModule(**data, tokenizer=Tokenizer.load(tmp_path / "run" / "tokenizer"))
+    n = {split: len(dm.dataloader(split)) for split in ("valid", "test")}
+    lines = progress_lines(text.splitlines())
+    passes = {"valid": "final valid (best-step4.ckpt)", "test": "final test (best-step4.ckpt)",
+              "test greedy": "final test greedy (best-step4.ckpt)"}
+    assert {label for label, *_ in lines} == set(passes.values())
+    for name, label in passes.items():
+        total = n[name.split()[0]]
+        assert total > 10 and len(tenths(total)) == 10
+        assert [(b, of, s) for lab, b, of, s in lines if lab == label] == [(b, total, b) for b in tenths(total)], name
+    first = tenths(n["test"])[0]
+    assert f"][normlab][INFO] - final test (best-step4.ckpt): batch {first}/{n['test']}, {first} s\n" in text

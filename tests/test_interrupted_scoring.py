@@ -1,6 +1,11 @@
-"""Ctrl-C during the final scoring: the run is `interrupted`, not `completed` without its scores
-(which a rerun would skip as finished); the same command scores it and records it completed."""
+"""Ctrl-C, SIGTERM or SIGUSR1 during the final scoring: the run is `interrupted`, not `completed`
+without its scores (which a rerun would skip as finished); the same command scores it and records it
+completed. A signal is handed over after results.json is written: to the handler installed before,
+else (SIGUSR1 on SLURM) as a requeue; the process exits 128 + signal."""
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +92,111 @@ def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path):
                      f"resume={ckpt}") + ["optim.lr=3e-3"]
     again = run(compose_cfg(over))
     assert again["steps"] == 28 and "stopped_at_step" not in again
+
+
+# Every final pass (valid, beam test, greedy test, averaged test), each short.
+SCORED = ["trainer.max_steps=6", "trainer.val_check_interval=3", "eval.decoder.max_len_b=5",
+          "eval.test_decoder.max_len_b=5", "callbacks.step_checkpoints.every_n_steps=2",
+          "callbacks.step_checkpoints.keep_last_n=2"]
+
+
+def scontrol_stub(tmp_path) -> tuple[dict[str, str], Path]:
+    """SLURM's environment with a stand-in scontrol first on PATH that records its arguments."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "scontrol.args"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {record}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0"}, record
+
+
+def scores(results: dict) -> dict:
+    return {k: v for k, v in results.items() if k.startswith(("valid_", "test_"))}
+
+
+def test_sigusr1_while_scoring_requeues_on_slurm_and_the_rerun_scores_it(small_corpus, tmp_path):
+    """SLURM's time-limit warning (SIGUSR1) while a real run decodes its test set: the run is recorded
+    `interrupted` without scores, the job requeued, the process exits 138 (was: killed by the signal,
+    no results.json, no requeue); the requeued command scores it as an uninterrupted run is scored."""
+    from test_runs_survive import train_subprocess
+
+    ref = run(compose_cfg(tiny_overrides(small_corpus, tmp_path / "ref", tmp_path / "cache") + SCORED))
+    assert ref["status"] == "completed" and ref["test_bleu_avg"] is not None and "test_bleu_greedy" in ref
+    args = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + SCORED
+    env, record = scontrol_stub(tmp_path)
+    p = train_subprocess(args, env=env, at_pass="test", sig=signal.SIGUSR1)
+    assert p.returncode == 128 + signal.SIGUSR1 == 138, p.stderr[-2000:]
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert first["status"] == "interrupted" and first["steps"] == 6 and not scores(first)
+    assert "checkpoint" not in first and not (tmp_path / "run" / "test.hyp").exists()
+    assert record.read_text().split() == ["requeue", "4242"]
+    again = run(compose_cfg(args))  # what the requeued job does: the same command
+    assert again["status"] == "completed" and again["steps"] == 6
+    assert scores(again) == scores(ref) and len(scores(ref)) == 17
+    assert (tmp_path / "run" / "test.hyp").read_bytes() == (tmp_path / "ref" / "test.hyp").read_bytes()
+    assert json.loads((tmp_path / "run" / "results.json").read_text()) == again
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_signal_while_scoring_goes_to_the_handler_installed_before(sig, small_corpus, tmp_path, monkeypatch):
+    """A handler installed before the run (submitit's) gets the signal that stops a final pass, after
+    results.json says `interrupted` (a requeue must find it written; was: SIGTERM's handler was
+    called before it was written, SIGUSR1 never stopped the pass), and no scontrol runs besides it;
+    the process exits 128 + signal and the earlier handler is back in place."""
+    import normlab.final_test as final_test
+
+    env, record = scontrol_stub(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+
+    def earlier(signum, frame):
+        path = tmp_path / "run" / "results.json"
+        calls.append((signum, json.loads(path.read_text())["status"] if path.exists() else None))
+
+    real = final_test.score_split
+
+    def signalled(trainer, module, dm, split, *args, **kwargs):
+        if split == "test":
+            assert signal.getsignal(sig) is not earlier  # the final passes' own handler
+            os.kill(os.getpid(), sig)
+        return real(trainer, module, dm, split, *args, **kwargs)
+
+    monkeypatch.setattr(final_test, "score_split", signalled)
+    original = signal.signal(sig, earlier)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run(compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + SCORED))
+        assert signal.getsignal(sig) is earlier
+    finally:
+        signal.signal(sig, original)
+    assert stop.value.code == 128 + sig and calls == [(sig, "interrupted")]
+    assert not record.exists()  # the earlier handler requeues, if anyone does
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "interrupted" and not scores(results) and results["steps"] == 6
+
+
+def test_signals_interrupt_stops_once_and_restores_the_handlers():
+    """The context manager alone: the first signal raises Signalled with the handler from before and
+    passes the signal to the launched processes; a second one while it unwinds is ignored."""
+    from types import SimpleNamespace
+
+    from normlab.scoring import signals_interrupt
+    from normlab.signals import Signalled
+
+    killed = []
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(kill=killed.append)))
+    earlier = [lambda s, f: None, lambda s, f: None]
+    saved = [signal.signal(s, h) for s, h in zip((signal.SIGTERM, signal.SIGUSR1), earlier)]
+    try:
+        with pytest.raises(Signalled) as stop:
+            with signals_interrupt(trainer):
+                try:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                finally:
+                    os.kill(os.getpid(), signal.SIGTERM)  # while unwinding: ignored
+        assert (stop.value.signum, stop.value.before, stop.value.code) == (signal.SIGUSR1, earlier[1], 138)
+        assert killed == [signal.SIGUSR1]
+        assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)] == earlier
+    finally:
+        for s, h in zip((signal.SIGTERM, signal.SIGUSR1), saved):
+            signal.signal(s, h)

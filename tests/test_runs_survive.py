@@ -30,18 +30,29 @@ EXTRA = ["regularizer=layerdrop_drophead", "model.dropout=0.1", f"trainer.max_st
          "trainer.val_check_interval=8", "callbacks.full_checkpoint.every_n_steps=5", "eval.test=false",
          "eval.decoder.max_len_b=5", "callbacks.step_checkpoints.every_n_steps=4", "callbacks.step_checkpoints.keep_last_n=3",
          "trainer.log_every_n_steps=2"]  # a stop off this schedule must not add a row to the history
-# train.py with training_step patched to send its own process a signal at a given step (a file,
-# not `python -c`: Lightning's DDP launcher starts the other ranks with the same command line)
+# train.py with training_step patched to send its own process a signal at a given step, or the
+# final passes' score_split as the pass of a given split starts (a file, not `python -c`:
+# Lightning's DDP launcher starts the other ranks with the same command line)
 RUNNER = """
 import os, runpy
-from normlab.lit_module import Seq2SeqModule
-step, sig = int(os.environ["AT_STEP"]), int(os.environ["SEND_SIGNAL"])
-orig = Seq2SeqModule.training_step
-def training_step(self, batch, batch_idx):
-    if self.global_step == step:
-        os.kill(os.getpid(), sig)
-    return orig(self, batch, batch_idx)
-Seq2SeqModule.training_step = training_step
+sig = int(os.environ["SEND_SIGNAL"])
+if "AT_STEP" in os.environ:
+    from normlab.lit_module import Seq2SeqModule
+    step = int(os.environ["AT_STEP"])
+    orig = Seq2SeqModule.training_step
+    def training_step(self, batch, batch_idx):
+        if self.global_step == step:
+            os.kill(os.getpid(), sig)
+        return orig(self, batch, batch_idx)
+    Seq2SeqModule.training_step = training_step
+else:
+    import normlab.final_test as final_test
+    split, score_split = os.environ["AT_PASS"], final_test.score_split
+    def signalled(trainer, module, dm, s, *args, **kwargs):
+        if s == split:
+            os.kill(os.getpid(), sig)
+        return score_split(trainer, module, dm, s, *args, **kwargs)
+    final_test.score_split = signalled
 runpy.run_path(os.environ["TRAIN_PY"], run_name="__main__")
 """
 
@@ -50,13 +61,16 @@ def overrides(corpus, run_dir, cache, *more):
     return tiny_overrides(corpus, run_dir, cache) + EXTRA + list(more)
 
 
-def train_subprocess(args, env=None, at_step=None, sig=None, wait=True):
+def train_subprocess(args, env=None, at_step=None, sig=None, wait=True, at_pass=None):
+    """train.py in a subprocess; with `sig`, it signals itself at training step `at_step`, or as the
+    final pass of split `at_pass` (valid, test) starts."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAIN_PY": str(ROOT / "train.py"), **(env or {})}
     cmd = [sys.executable, str(ROOT / "train.py"), *args]
-    if at_step is not None:
-        runner = Path(tempfile.mkdtemp()) / "signal_at_step.py"
+    if at_step is not None or at_pass is not None:
+        runner = Path(tempfile.mkdtemp()) / "signal_at.py"
         runner.write_text(RUNNER)
-        env.update(AT_STEP=str(at_step), SEND_SIGNAL=str(int(sig)))
+        env.update({"SEND_SIGNAL": str(int(sig)), **({"AT_STEP": str(at_step)} if at_step is not None else
+                                                     {"AT_PASS": at_pass})})
         cmd = [sys.executable, str(runner), *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

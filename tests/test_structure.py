@@ -76,13 +76,14 @@ def test_choice_lists_are_the_owners():
 
 def test_one_error_family():
     """Every exception normlab defines for bad input is a UserError (one line, exit 2, one format);
-    the only other one is control flow (a preempted run stops after its checkpoint)."""
+    the only others are control flow (a preempted run stops after its checkpoint; SIGTERM / SIGUSR1
+    stop the final passes)."""
     import importlib
     import inspect
 
     from normlab.errors import UserError, user_error_types
 
-    control_flow = {"StopAfterCheckpoint"}
+    control_flow = {"StopAfterCheckpoint", "Signalled"}
     found = {}
     for name in _modules():
         module = importlib.import_module(name)

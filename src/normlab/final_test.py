@@ -27,7 +27,7 @@ from normlab.checkpoint import CheckpointError, atomic_write_bytes
 from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
-from normlab.scoring import load_weights, log_metrics, score_split, sigterm_interrupts
+from normlab.scoring import load_weights, log_metrics, score_split, signals_interrupt
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -41,15 +41,16 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
     `log_scores` is false); the pass's full result."""
     if ckpt:
         load_weights(trainer, module, ckpt)
-    scored = score_split(trainer, module, dm, split, decode)
+    name = Path(ckpt).name if ckpt else "final weights"
+    # progress lines name the pass ("final test greedy (...)"); the score line's keys carry the suffix
+    scored = score_split(trainer, module, dm, split, decode, label=f"final {split}{suffix.replace('_', ' ')} ({name})")
     result: dict = {}
     if scored is not None:  # None: the split's batch limit is 0, nothing was scored
         metrics, result = scored
         logged = {f"{split}/{k}{suffix}": v for k, v in metrics.items() if k in keys}
         if log_scores:
             log_metrics(trainer, logged)
-        module.split_scores[split] = result
-        rank_zero_info(score_line(f"final {split} ({Path(ckpt).name if ckpt else 'final weights'})", logged, result))
+        rank_zero_info(score_line(f"final {split} ({name})", logged, result))
     out.update({f"{split}_{k}{suffix}": result.get(k) for k in keys})
     if "partial" in result:
         out.setdefault("partial", {})[f"{split}{suffix}"] = result["partial"]
@@ -71,7 +72,7 @@ def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
         return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
-    with sigterm_interrupts(trainer):  # the run ends `interrupted`; the rerun scores it
+    with signals_interrupt(trainer):  # SIGTERM / SIGUSR1: the run ends `interrupted`; the rerun scores it
         return _final_scores(passes, trainer, module, dm, run_dir, status)
 
 

@@ -74,7 +74,6 @@ class Seq2SeqModule(L.LightningModule):
         # The final test decodes as the papers do (eval.test_decoder: beam 4) while validation
         # stays greedy; the final greedy test pass decodes with `decode` (final_test.py).
         self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
-        self.split_scores: dict[str, dict] = {}
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
         self.reset_eval()
@@ -259,7 +258,6 @@ class Seq2SeqModule(L.LightningModule):
         logged = {f"valid/{k}": v for k, v in metrics.items()}
         # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
         self.log_dict(logged, sync_dist=_dist(), prog_bar=True)
-        self.split_scores["valid"] = result
         rank_zero_info(score_line(f"step {self.global_step} valid", logged, result))  # a line per validation
 
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------

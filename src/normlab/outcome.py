@@ -15,7 +15,8 @@ it built (the LightningModule carries none of it).
     diverged     non-finite or exploding loss (callbacks/divergence.py): a result, not trained again
     stalled      at the input-independent floor (callbacks/stall.py): a result, scored, not trained again
     failed       an exception (failure.py adds the traceback)
-    interrupted  Ctrl-C, or an exception Lightning swallowed: not a result
+    interrupted  Ctrl-C, an exception Lightning swallowed, or SIGTERM / SIGUSR1 during the final
+                 passes (scoring.signals_interrupt): not a result; the same command scores a trained run
     debug        a debug=... run: never a finished run, the same command runs it again
 """
 from __future__ import annotations

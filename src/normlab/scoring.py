@@ -15,23 +15,41 @@ It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears 
   hypotheses over the ranks, so every rank holds the whole split's scores (as validation does);
 - logging: every logger at the step training ended on, with the epoch, as Lightning logs an
   evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
-- SIGTERM (a study stopping, a cluster preempting) ends the passes: the signal goes on to the
-  processes the strategy launched (DDP ranks) and SystemExit(143) leaves train.run, which records
-  the run `interrupted` (Lightning's signal handler stopped its loop at the next batch).
+- SIGTERM (a study stopping, a cluster preempting) or SIGUSR1 (SLURM's time-limit warning) ends
+  the passes (signals_interrupt): the signal goes on to the processes the strategy launched (DDP
+  ranks) and signals.Signalled (a SystemExit, 128 + signal) leaves the passes; train.run records
+  the run `interrupted` in results.json, then hands the signal over as preemption does
+  (signals.hand_over: the handler installed before, e.g. submitit's, else on SLURM a requeue for
+  SIGUSR1) and exits 128 + signal; the same command scores the run (under trainer.test,
+  Lightning's signal handler stopped its loop at the next batch);
+- progress: Lightning's loops showed a bar; here, a line in the run's log (rank 0) after a batch
+  that completes another tenth of the pass or ends 30 s or more after the previous line
+  (PassProgress), e.g. `final test (best-step2000.ckpt): batch 12/40, 45 s`.
 Callbacks are not called: a pass changes no callback's state (the run's counters, its best
 checkpoint's bookkeeping stay the run's, not the loaded checkpoint's).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
 from normlab.config import ConfigError
+from normlab.signals import Signalled
+
+log = logging.getLogger("normlab")
+STOPPING = (signal.SIGTERM, signal.SIGUSR1)  # what a cluster or a study sends to stop a job
+PROGRESS_SECONDS = 30.0  # a progress line at least this often (at a batch's end), besides every tenth
+
+
+def clock() -> float:
+    return time.monotonic()
 
 
 def load_weights(trainer, module, ckpt: str) -> None:
@@ -71,10 +89,30 @@ def evaluating(trainer, module, split: str) -> Iterator[None]:
         module.train(was_training)
 
 
-def score_split(trainer, module, dm, split: str, decode=None) -> tuple[dict[str, float], dict] | None:
+class PassProgress:
+    """`<label>: batch i/n, s s` in the run's log after batch i of a pass's n when it completes
+    another tenth of the pass (so batch n ends each pass) or ends PROGRESS_SECONDS or more after the
+    previous line; s: seconds since the pass began. Rank 0 only; it reads the clock, nothing else."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.start = self.last_time = clock()
+        self.last_tenth = 0
+
+    def batch_done(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now, tenth = clock(), done * 10 // self.total
+        if tenth > self.last_tenth or now - self.last_time >= PROGRESS_SECONDS:
+            log.info("%s: batch %d/%d, %d s", self.label, done, self.total, now - self.start)
+            self.last_tenth, self.last_time = tenth, now
+
+
+def score_split(trainer, module, dm, split: str, decode=None, label: str | None = None
+                ) -> tuple[dict[str, float], dict] | None:
     """(metrics, result) of the module's current weights on `split` (Seq2SeqModule.split_result),
     decoded with `decode` or the split's own decoder; None when the limit leaves no batch to run
-    (Lightning skips such a loop)."""
+    (Lightning skips such a loop). Progress lines are labelled `label` (default `final <split>`)."""
     loader = dm.val_dataloader() if split == "valid" else dm.test_dataloader()
     limit = trainer.limit_val_batches if split == "valid" else trainer.limit_test_batches
     n = num_batches(len(loader), limit, split)
@@ -82,9 +120,11 @@ def score_split(trainer, module, dm, split: str, decode=None) -> tuple[dict[str,
         return None
     decode = decode or module.decoder(split)
     module.reset_eval()
+    progress = PassProgress(label or f"final {split}", n, trainer.is_global_zero)
     with evaluating(trainer, module, split):
-        for batch in itertools.islice(loader, n):
+        for i, batch in enumerate(itertools.islice(loader, n), 1):
             module.eval_step(trainer.strategy.batch_to_device(batch), decode)
+            progress.batch_done(i)
     return module.split_result(split)
 
 
@@ -99,23 +139,29 @@ def log_metrics(trainer, metrics: dict[str, float]) -> None:
 
 
 @contextmanager
-def sigterm_interrupts(trainer) -> Iterator[None]:
-    """Within: SIGTERM is passed on to the strategy's launched processes and to the handler installed
-    before (e.g. submitit's), then raises SystemExit(128 + SIGTERM) here (the main thread only)."""
+def signals_interrupt(trainer) -> Iterator[None]:
+    """Within: SIGTERM or SIGUSR1 is passed on to the strategy's launched processes and raises
+    signals.Signalled(signum, the handler installed before) here (the main thread only); a second
+    signal while it unwinds is ignored. train.run hands it over once results.json is written."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    caught: list[int] = []
+    before: dict[int, Any] = {}
 
     def stop(signum: int, frame) -> None:
+        if caught:  # already stopping
+            return
+        caught.append(signum)
         launcher = trainer.strategy.launcher
         if launcher is not None:
             launcher.kill(signum)
-        if callable(before):
-            before(signum, frame)
-        raise SystemExit(128 + signum)
+        raise Signalled(signum, before.get(signum))
 
-    before = signal.signal(signal.SIGTERM, stop)
     try:
+        for s in STOPPING:
+            before[s] = signal.signal(s, stop)
         yield
     finally:
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)

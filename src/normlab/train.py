@@ -32,6 +32,7 @@ from normlab.outcome import RunOutcome, Status
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
 from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
 from normlab.run_spec import RunSpec, resolve
+from normlab.signals import Signalled, hand_over
 
 log = logging.getLogger("normlab")
 
@@ -169,6 +170,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": spec.choices,
                                "labels": spec.labels, "name": name, "group": spec.group, "seed": spec.seed, "identity_hash": cont.record["identity_hash"],
                                "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
+    stop: Signalled | None = None
     try:
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
@@ -185,16 +187,18 @@ def _run(spec: RunSpec) -> dict[str, Any]:
                   f"{trainer.max_steps}; rerun the same command to continue")
         results.update(outcome.reasons)
         results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
-        # The status last: Ctrl-C while scoring leaves `interrupted` (the rerun scores it), never a
-        # `completed` run without its scores, which a rerun would skip as finished.
+        # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
+        # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
         results["status"] = outcome.status.value
         if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
             results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
+    except Signalled as signalled:  # SIGTERM / SIGUSR1 stopped the final passes (scoring.signals_interrupt):
+        stop = signalled            # handed over below, once results.json says `interrupted`
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
         results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")
         raise
     finally:
-        if results["status"] == Status.RUNNING:  # Ctrl-C (Lightning exits) or an exception: not a result
+        if results["status"] == Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
             results["status"] = Status.INTERRUPTED.value
         results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
@@ -206,6 +210,8 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     if trainer.is_global_zero:
         for line in summary_lines(results):
             log.info(line)
+    if stop is not None:  # the handler from before (submitit's), else on SLURM a requeue for SIGUSR1; exit
+        hand_over(stop.signum, stop.before, preemption.requeue if preemption is not None else True)
     for c in callbacks:
         if isinstance(c, Preemption):
             c.after_run()  # on a signal: hand over to the previous handler / requeue, then exit

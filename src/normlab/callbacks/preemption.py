@@ -5,7 +5,8 @@ SLURM sends SIGUSR1 before a job's time limit (`--signal=USR1@120`, what submiti
 signal: the checkpoint is written by FullStateCheckpoint after the current optimizer step (after
 validation if one is due), never from inside the handler, where the step would be half done and
 the continuation could not be exact. Then training stops, train.run writes results.json with
-status "preempted" and calls `after_run()`:
+status "preempted" and calls `after_run()`, which hands the signal over (normlab/signals.py, the
+same function the final passes use for a signal that stops them):
 - if a handler was installed before ours (submitit's, which resubmits the job), it gets the signal;
 - else on SLURM, SIGUSR1 requeues the job (`scontrol requeue`, as Lightning's SLURMEnvironment
   does); SIGTERM does not (SLURM requeues preempted jobs itself when the partition says so);
@@ -23,10 +24,7 @@ validation off the schedule, so the continuation differed from an uninterrupted 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import signal
-import subprocess
 import threading
 import time
 from typing import Any
@@ -38,6 +36,7 @@ from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
 from normlab.outcome import RunOutcome, Status
 from normlab.private_api import original_signal_handlers
+from normlab.signals import hand_over
 
 log = logging.getLogger("normlab")
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
@@ -54,12 +53,6 @@ def max_time_seconds(value: Any) -> float:
                          (("days", 86400), ("hours", 3600), ("minutes", 60), ("seconds", 1))))
     d, h, m, sec = (int(x) for x in str(value).split(":"))
     return float(((d * 24 + h) * 60 + m) * 60 + sec)
-
-
-def slurm_job_id() -> str | None:
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
-    return job if job and re.fullmatch(r"[0-9_]+", job) else None
 
 
 class Preemption(L.Callback):
@@ -132,17 +125,5 @@ class Preemption(L.Callback):
 
     # ---- after train.run has written results.json ------------------------------------------------
     def after_run(self) -> None:
-        if self.received is None:
-            return
-        signum = self.received
-        previous = self._before.get(signum)
-        if callable(previous):  # e.g. submitit's handler: it resubmits the job and exits
-            previous(signum, None)
-        elif self.requeue and signum == signal.SIGUSR1 and (job := slurm_job_id()) is not None \
-                and int(os.environ.get("SLURM_PROCID", "0")) == 0:
-            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-            if result.returncode == 0:
-                log.info("requeued SLURM job %s: it continues in the same run folder", job)
-            else:
-                log.warning("scontrol requeue %s failed: %s", job, (result.stderr or result.stdout).strip())
-        raise SystemExit(128 + signum)
+        if self.received is not None:  # the previous handler, or a requeue on SLURM; then exit
+            hand_over(self.received, self._before.get(self.received), self.requeue)
