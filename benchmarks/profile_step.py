@@ -201,6 +201,10 @@ def main(argv=None) -> None:
     ap.add_argument("--small", action="store_true", help="--shape small")
     ap.add_argument("--trace", help="write a Chrome trace of the last setting here")
     args = ap.parse_args(argv)
+    settings = args.settings.split(",")
+    for setting in settings:
+        if setting not in P.SETTING_TEXT:
+            ap.error(f"--settings: {setting!r}; allowed: {', '.join(P.SETTING_TEXT)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     instrument()
@@ -208,7 +212,6 @@ def main(argv=None) -> None:
     shape = P.shape("small" if args.small else args.shape)
     batches = P.synthetic_batches(shape, max(args.steps, 2), device)
     cls = next(c for c in P.PEERS if c.name == args.model)
-    settings = args.settings.split(",")
     print(f"{args.model}, torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
           f"d{shape.d} {shape.layers}+{shape.layers} layers {shape.placement}-norm, "
           f"batch {tuple(batches[0]['src'].shape)}, {args.steps} profiled steps")

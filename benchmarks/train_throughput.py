@@ -103,6 +103,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-overhead", action="store_true", help="skip the Lightning overhead measurement")
     ap.add_argument("--json", help="also write the results here (every repeat's steps and ratios)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats: {args.repeats}; must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

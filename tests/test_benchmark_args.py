@@ -1,0 +1,48 @@
+"""The benchmark scripts reject bad arguments with an argparse error (exit code 2) before running
+anything: --repeats below 1 (train_throughput.py) and unknown --settings names (profile_step.py)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str, monkeypatch):
+    """benchmarks/<name>.py as a module; its sys.path additions are undone after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def no_benchmark(*a, **k):
+        raise AssertionError("the benchmark ran: the argument was not rejected first")
+
+    for fn in ("synthetic_batches", "corpus_batches", "matmul_peak", "build"):
+        monkeypatch.setattr(mod.P, fn, no_benchmark)
+    return mod
+
+
+def exit_message(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("repeats", ["0", "-1"])
+def test_train_throughput_rejects_repeats_below_one(repeats, monkeypatch, capsys):
+    mod = load("train_throughput", monkeypatch)
+    err = exit_message(mod.main, ["--repeats", repeats], capsys)
+    assert f"--repeats: {repeats}; must be at least 1" in err
+
+
+def test_profile_step_rejects_unknown_settings(monkeypatch, capsys):
+    mod = load("profile_step", monkeypatch)
+    monkeypatch.setattr(mod, "instrument", lambda: pytest.fail("instrumented before checking --settings"))
+    err = exit_message(mod.main, ["--settings", "none,bogus"], capsys)
+    assert "--settings: 'bogus'; allowed: " + ", ".join(mod.P.SETTING_TEXT) in err
+    assert "papers_model" in err and "none_model" in err
