@@ -33,7 +33,7 @@ def _module(small: bool):
 
     model = OmegaConf.to_container(OmegaConf.load(P.ROOT / "conf/model/tiny.yaml"))
     model.pop("defaults", None)
-    model.pop("compile", None)  # a run option, not a model field (config.RUNTIME_MODEL_KEYS)
+    model.pop("compile", None)  # a run option, not a model field (normlab.run_config.RUNTIME_MODEL_KEYS)
     if small:
         model.update(d_model=32, encoder_ffn=64, decoder_ffn=64, encoder_layers=1, decoder_layers=1)
     optim = OmegaConf.to_container(OmegaConf.load(P.ROOT / "conf/optim/adam_inverse_sqrt.yaml"))
