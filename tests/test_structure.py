@@ -155,3 +155,16 @@ def test_a_run_reads_its_spec_alone():
     names = {n.id for n in ast.walk(run) if isinstance(n, ast.Name)} | {
         n.attr for n in ast.walk(run) if isinstance(n, ast.Attribute)}
     assert "cfg" not in names and "spec" in names
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A helper shared across modules is public (normlab.config's check, check_number, ... used by
+    run_config): `from normlab.x import _name` means a private helper leaked. `import ... as _alias`
+    of a public name is fine."""
+    bad = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("normlab"):
+                bad += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad

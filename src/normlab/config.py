@@ -30,20 +30,21 @@ class ConfigError(UserError, ValueError):
     """An invalid configuration value: `<key>: <what> (allowed: ...)`."""
 
 
-def _check(cond: bool, key: str, what: str, allowed: Any = None) -> None:
+def check(cond: bool, key: str, what: str, allowed: Any = None) -> None:
     if not cond:
         raise ConfigError(key, what, allowed)
 
 
-def _is_num(value: Any, integer: bool = False) -> bool:
+def is_num(value: Any, integer: bool = False) -> bool:
     return isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
 
 
-def _value(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool = False, null: bool = False) -> None:
+def check_number(key: str, value: Any, allowed: str, ok=lambda v: True, integer: bool = False,
+                 null: bool = False) -> None:
     """A number (an int with integer=True; None with null=True) for which ok(value) holds."""
     if value is None and null:
         return
-    _check(_is_num(value, integer) and ok(value), key, f"{value!r} is not valid", allowed)
+    check(is_num(value, integer) and ok(value), key, f"{value!r} is not valid", allowed)
 
 
 def _refuse(refusal: tuple[str, str] | None) -> None:
@@ -52,20 +53,20 @@ def _refuse(refusal: tuple[str, str] | None) -> None:
         raise ConfigError(*refusal)
 
 
-def _choice(key: str, value: Any, allowed: tuple) -> None:
-    _check(value in allowed, key, f"{value!r} is not valid", allowed)
+def check_choice(key: str, value: Any, allowed: tuple) -> None:
+    check(value in allowed, key, f"{value!r} is not valid", allowed)
 
 
 def _prob(key: str, value: float) -> None:
-    _value(key, value, "a probability in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+    check_number(key, value, "a probability in [0, 1]", lambda v: 0.0 <= v <= 1.0)
 
 
-def _positive(key: str, value: Any) -> None:
-    _value(key, value, "an integer > 0", lambda v: v > 0, integer=True)
+def check_positive(key: str, value: Any) -> None:
+    check_number(key, value, "an integer > 0", lambda v: v > 0, integer=True)
 
 
-def _bool(key: str, value: Any) -> None:
-    _check(isinstance(value, bool), key, f"{value!r} is not valid", "true, false")
+def check_bool(key: str, value: Any) -> None:
+    check(isinstance(value, bool), key, f"{value!r} is not valid", "true, false")
 
 
 @dataclass
@@ -79,14 +80,15 @@ class NormConfig:
     mix_ratio: float = MIX_RATIO  # Mix-LN's α (Li et al. 2025): post-norm in the first ⌊αL⌋ layers
 
     def validate(self) -> None:
-        _choice("norm.type", self.type, tuple(NORMS))
-        _choice("norm.placement", self.placement, PLACEMENTS)
-        _value("norm.mix_ratio", self.mix_ratio, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+        check_choice("norm.type", self.type, tuple(NORMS))
+        check_choice("norm.placement", self.placement, PLACEMENTS)
+        check_number("norm.mix_ratio", self.mix_ratio, "a number in [0, 1]", lambda v: 0 <= v <= 1)
         _refuse(get_scheme(self.placement).norm_refusal(self))
-        _value("norm.dyt_alpha_init", self.dyt_alpha_init, "a number > 0", lambda v: v > 0)
-        _bool("norm.fixnorm", self.fixnorm)
-        _value("norm.eps", self.eps, "a number > 0", lambda v: v > 0)
-        _value("norm.scale_init", self.scale_init, "a number > 0, or null for sqrt(d_model)", lambda v: v > 0, null=True)
+        check_number("norm.dyt_alpha_init", self.dyt_alpha_init, "a number > 0", lambda v: v > 0)
+        check_bool("norm.fixnorm", self.fixnorm)
+        check_number("norm.eps", self.eps, "a number > 0", lambda v: v > 0)
+        check_number("norm.scale_init", self.scale_init, "a number > 0, or null for sqrt(d_model)", lambda v: v > 0,
+                     null=True)
 
 
 @dataclass
@@ -107,8 +109,8 @@ class RegularizerConfig:
         for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):
             _prob(f"regularizer.{key}", getattr(self, key))
         for key in ("drophead_encoder_self", "drophead_decoder_self", "drophead_cross"):
-            _bool(f"regularizer.{key}", getattr(self, key))
-        _choice("regularizer.layerdrop_rates", self.layerdrop_rates, LAYERDROP_RATES)
+            check_bool(f"regularizer.{key}", getattr(self, key))
+        check_choice("regularizer.layerdrop_rates", self.layerdrop_rates, LAYERDROP_RATES)
 
 
 @dataclass
@@ -164,32 +166,32 @@ class ModelConfig:
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "decoder_d_model", "encoder_layers", "decoder_layers",
                     "encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn", "max_positions"):
-            _positive(f"model.{key}", getattr(self, key))
-        _check(self.d_model % self.encoder_heads == 0, "model.d_model",
-               f"{self.d_model} is not divisible by model.encoder_heads={self.encoder_heads}")
-        _check(self.decoder_d_model % self.decoder_heads == 0, "model.decoder_d_model",
-               f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
+            check_positive(f"model.{key}", getattr(self, key))
+        check(self.d_model % self.encoder_heads == 0, "model.d_model",
+              f"{self.d_model} is not divisible by model.encoder_heads={self.encoder_heads}")
+        check(self.decoder_d_model % self.decoder_heads == 0, "model.decoder_d_model",
+              f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
         for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual"):
-            _bool(f"model.{key}", getattr(self, key))
-        _check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
-               f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
-        _choice("init.name", self.init, INITS)
-        _choice("norm.placement", self.norm.placement, PLACEMENTS)
+            check_bool(f"model.{key}", getattr(self, key))
+        check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
+              f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
+        check_choice("init.name", self.init, INITS)
+        check_choice("norm.placement", self.norm.placement, PLACEMENTS)
         # every choice is checked before a combination of them, so a typo is named as itself
-        _choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
-        _choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
-        _choice("model.qk_norm", self.qk_norm, QK_NORMS)
-        _value("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
-               "L = model.max_positions", lambda v: v > 0, null=True)
-        _choice("model.residual", self.residual, RESIDUALS)
-        _positive("model.residual_streams", self.residual_streams)
-        _choice("model.residual_mixing", self.residual_mixing, RESIDUAL_MIXINGS)
+        check_choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
+        check_choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
+        check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
+        check_number("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
+                     "L = model.max_positions", lambda v: v > 0, null=True)
+        check_choice("model.residual", self.residual, RESIDUALS)
+        check_positive("model.residual_streams", self.residual_streams)
+        check_choice("model.residual_mixing", self.residual_mixing, RESIDUAL_MIXINGS)
         # a value that does nothing would still rename the run (it is identity): refused, as norm.mix_ratio
-        _check(self.qk_norm_scale_init is None or self.qk_norm == "l2", "model.qk_norm_scale_init",
-               f"{self.qk_norm_scale_init} with model.qk_norm={self.qk_norm}: only l2 QK-norm has a learned scale g "
-               "(Henry et al. 2020); set model.qk_norm=l2 or leave the scale null")
+        check(self.qk_norm_scale_init is None or self.qk_norm == "l2", "model.qk_norm_scale_init",
+              f"{self.qk_norm_scale_init} with model.qk_norm={self.qk_norm}: only l2 QK-norm has a learned scale g "
+              "(Henry et al. 2020); set model.qk_norm=l2 or leave the scale null")
         self.norm.validate()
         _refuse(residual_refusal(self))  # placements other than pre-norm's, DLCL; keys unused by add
         self.regularizer.validate()
@@ -198,10 +200,10 @@ class ModelConfig:
         # regularizers/layerdrop.py), so a gated-off first layer would still set V₁ for the layers
         # after it: the model would differ from the one pruning leaves (the first kept layer's V₁).
         layerdrop = self.regularizer.encoder_layerdrop or self.regularizer.decoder_layerdrop
-        _check(not (self.value_residual and layerdrop and self.regularizer.layerdrop_rates == "learned"),
-               "model.value_residual", "true with regularizer.layerdrop_rates=learned: a gated-off first layer "
-               "would still give the value residual its V₁, which the pruned model (data-driven pruning) does "
-               "not have; use regularizer.layerdrop_rates=uniform")
+        check(not (self.value_residual and layerdrop and self.regularizer.layerdrop_rates == "learned"),
+              "model.value_residual", "true with regularizer.layerdrop_rates=learned: a gated-off first layer "
+              "would still give the value residual its V₁, which the pruned model (data-driven pruning) does "
+              "not have; use regularizer.layerdrop_rates=uniform")
         if self.layer_aggregation != "none":
             self._check_aggregation()
 
@@ -209,14 +211,14 @@ class ModelConfig:
         # DLCL and DWA (model/aggregation.py); Admin's profile runs at init, where DWA is the identity,
         # so each sub-layer reads the previous one's output as Admin assumes: only DLCL refuses it.
         agg = self.layer_aggregation
-        _check(self.init != "admin" or agg != "dlcl", "model.layer_aggregation",
-               "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
-               "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
+        check(self.init != "admin" or agg != "dlcl", "model.layer_aggregation",
+              "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
+              "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")
         for stack in ("encoder", "decoder"):
             p = getattr(self.regularizer, f"{stack}_layerdrop")
-            _check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"), f"regularizer.{stack}_layerdrop",
-                   f"{p} with model.layer_aggregation={agg} on the {stack}: a dropped layer's slot in {agg.upper()}'s "
-                   "weighted history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
+            check(p == 0 or self.layer_aggregation_stacks not in (stack, "both"), f"regularizer.{stack}_layerdrop",
+                  f"{p} with model.layer_aggregation={agg} on the {stack}: a dropped layer's slot in {agg.upper()}'s "
+                  "weighted history is undefined; set the rate to 0 or model.layer_aggregation_stacks")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, _bool, _check, _choice,
-                            _is_num, _positive, _value)
+from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, check, check_bool, check_choice,
+                            check_number, check_positive, is_num)
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
 
@@ -33,7 +33,7 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
         allowed = sorted({f.name for f in dataclasses.fields(cls)} - set(own))
         unknown = sorted(set(node) - set(allowed))
         shown = sorted(allowed + list(RUNTIME_MODEL_KEYS)) if group == "model" else allowed
-        _check(not unknown, f"{group}.{unknown[0] if unknown else ''}", f"not a {group} option", shown)
+        check(not unknown, f"{group}.{unknown[0] if unknown else ''}", f"not a {group} option", shown)
     if vocab_size is not None:
         model["vocab_size"] = vocab_size
     model.update(special or {})
@@ -51,54 +51,56 @@ PRECISIONS = ("32-true", "32", 32, "16-mixed", "16", 16, "bf16-mixed", "bf16", "
 def validate_run_config(cfg: Any) -> ModelConfig:
     """Every check that can run before data is read; raises ConfigError naming the key."""
     missing = _missing_keys(cfg)
-    _check(not missing, missing[0] if missing else "",
-           f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
-           + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
-    _value("seed", cfg.seed, "an integer in [0, 2**32 - 1]", lambda v: 0 <= v <= 2**32 - 1, integer=True)
-    _bool("retrain", cfg.get("retrain", False))  # `retrain=no` must not read as true
+    check(not missing, missing[0] if missing else "",
+          f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
+          + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
+    check_number("seed", cfg.seed, "an integer in [0, 2**32 - 1]", lambda v: 0 <= v <= 2**32 - 1, integer=True)
+    check_bool("retrain", cfg.get("retrain", False))  # `retrain=no` must not read as true
     if cfg.data.get("num_workers") is not None:
-        _value("data.num_workers", cfg.data.num_workers, "an integer >= 0", lambda v: v >= 0, integer=True)
+        check_number("data.num_workers", cfg.data.num_workers, "an integer >= 0", lambda v: v >= 0, integer=True)
     if cfg.data.get("spm_model_type") is not None:
-        _choice("data.spm_model_type", cfg.data.spm_model_type, ("bpe", "unigram", "char", "word"))
+        check_choice("data.spm_model_type", cfg.data.spm_model_type, ("bpe", "unigram", "char", "word"))
     vocab = cfg.data.get("vocab_size")  # null for data=preprocessed: the folder's tokenizer decides
     if vocab is not None:
-        _positive("data.vocab_size", vocab)  # before the model, which gets its vocab_size from it
+        check_positive("data.vocab_size", vocab)  # before the model, which gets its vocab_size from it
     model_cfg = model_config_from_hydra(cfg, vocab_size=vocab)
     compile = cfg.model.get("compile", False)
     if not isinstance(compile, bool):
         import torch
 
-        _choice("model.compile", compile, (True, False, *torch.compiler.list_backends(exclude_tags=())))
+        check_choice("model.compile", compile, (True, False, *torch.compiler.list_backends(exclude_tags=())))
     for key in ("max_tokens", "eval_max_tokens"):  # a batch must hold the longest pair data keeps / cuts to
         if cfg.data.get(key) is not None:
-            _positive(f"data.{key}", cfg.data[key])
-            _check(cfg.data[key] >= model_cfg.max_positions, f"data.{key}", f"{cfg.data[key]} cannot hold a pair "
-                   f"of model.max_positions={model_cfg.max_positions} tokens", f"an integer >= {model_cfg.max_positions}")
+            check_positive(f"data.{key}", cfg.data[key])
+            check(cfg.data[key] >= model_cfg.max_positions, f"data.{key}", f"{cfg.data[key]} cannot hold a pair "
+                  f"of model.max_positions={model_cfg.max_positions} tokens",
+                  f"an integer >= {model_cfg.max_positions}")
     init = cfg.get("init") or {}
     if init.get("admin") is not None:
         from normlab.init.modes import MODES
 
-        _choice("init.admin.mode", init.admin.get("mode", "profile"), MODES)
-        _positive("init.admin.batches", init.admin.get("batches", 1))
+        check_choice("init.admin.mode", init.admin.get("mode", "profile"), MODES)
+        check_positive("init.admin.batches", init.admin.get("batches", 1))
     reg = model_cfg.regularizer
     for key in ("encoder_layerdrop", "decoder_layerdrop", "drophead"):  # p = 1 is a limit case, not a run
-        _check(getattr(reg, key) < 1.0, f"regularizer.{key}", f"{getattr(reg, key)!r} drops every "
-               f"{'head' if key == 'drophead' else 'layer'} at every step: nothing would train",
-               "a probability in [0, 1)")
+        check(getattr(reg, key) < 1.0, f"regularizer.{key}", f"{getattr(reg, key)!r} drops every "
+              f"{'head' if key == 'drophead' else 'layer'} at every step: nothing would train",
+              "a probability in [0, 1)")
     _validate_optim(cfg.optim)
     _validate_eval(cfg.eval)
     _validate_trainer(cfg.trainer)
     callbacks = cfg.get("callbacks") or {}
     for key in ("keep_last_n", "every_n_steps"):
         if callbacks.get("step_checkpoints") is not None:
-            _value(f"callbacks.step_checkpoints.{key}", callbacks.step_checkpoints.get(key) or 0, "an integer >= 0",
-                   lambda v: v >= 0, integer=True)
+            check_number(f"callbacks.step_checkpoints.{key}", callbacks.step_checkpoints.get(key) or 0,
+                         "an integer >= 0",
+                         lambda v: v >= 0, integer=True)
     if callbacks.get("checkpoint") is not None:
-        _choice("callbacks.checkpoint.mode", callbacks.checkpoint.get("mode", "max"), ("max", "min"))
-        _choice("callbacks.checkpoint.monitor", callbacks.checkpoint.get("monitor", "valid/bleu"), MONITORS)
+        check_choice("callbacks.checkpoint.mode", callbacks.checkpoint.get("mode", "max"), ("max", "min"))
+        check_choice("callbacks.checkpoint.monitor", callbacks.checkpoint.get("monitor", "valid/bleu"), MONITORS)
     for key, node in (cfg.get("logger") or {}).items():
-        _check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
-               "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
+        check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
+              "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
     return model_cfg
 
 
@@ -119,36 +121,36 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _validate_optim(o: Any) -> None:
-    _value("optim.lr", o.lr, "a number > 0, or null for the paper's scale", lambda v: v > 0, null=True)
-    _value("optim.scale", o.get("scale", 1.0), "a number > 0", lambda v: v > 0)
-    _value("optim.warmup", o.warmup, "an integer >= 0", lambda v: v >= 0, integer=True)
-    _value("optim.label_smoothing", o.label_smoothing, "a number in [0, 1)", lambda v: 0.0 <= v < 1.0)
-    _choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
-            LABEL_SMOOTHING_CONVENTIONS)
-    _choice("optim.schedule", o.get("schedule", "inverse_sqrt"), LR_SCHEDULES)
-    _value("optim.clip_norm", o.clip_norm, "a number >= 0 (0: no clipping)", lambda v: v >= 0)
-    _value("optim.eps", o.eps, "a number > 0", lambda v: v > 0)
-    _value("optim.weight_decay", o.get("weight_decay", 0.0), "a number >= 0", lambda v: v >= 0)
+    check_number("optim.lr", o.lr, "a number > 0, or null for the paper's scale", lambda v: v > 0, null=True)
+    check_number("optim.scale", o.get("scale", 1.0), "a number > 0", lambda v: v > 0)
+    check_number("optim.warmup", o.warmup, "an integer >= 0", lambda v: v >= 0, integer=True)
+    check_number("optim.label_smoothing", o.label_smoothing, "a number in [0, 1)", lambda v: 0.0 <= v < 1.0)
+    check_choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
+                 LABEL_SMOOTHING_CONVENTIONS)
+    check_choice("optim.schedule", o.get("schedule", "inverse_sqrt"), LR_SCHEDULES)
+    check_number("optim.clip_norm", o.clip_norm, "a number >= 0 (0: no clipping)", lambda v: v >= 0)
+    check_number("optim.eps", o.eps, "a number > 0", lambda v: v > 0)
+    check_number("optim.weight_decay", o.get("weight_decay", 0.0), "a number >= 0", lambda v: v >= 0)
     betas = list(o.betas) if hasattr(o.betas, "__len__") and not isinstance(o.betas, str) else [o.betas]
-    _check(len(betas) == 2 and all(_is_num(b) and 0 <= b < 1 for b in betas), "optim.betas",
-           f"{o.betas!r} is not valid", "two numbers in [0, 1), e.g. [0.9,0.98]")
+    check(len(betas) == 2 and all(is_num(b) and 0 <= b < 1 for b in betas), "optim.betas",
+          f"{o.betas!r} is not valid", "two numbers in [0, 1), e.g. [0.9,0.98]")
 
 
 def _validate_eval(ev: Any) -> None:
     for key in ("valid_bleu", "test", "test_greedy", "test_average"):
         if key in ev:
-            _bool(f"eval.{key}", ev[key])
+            check_bool(f"eval.{key}", ev[key])
     for name in ("decoder", "test_decoder"):
         d = ev.get(name)
         if d is None:
             continue
         unknown = sorted(set(d) - set(DECODER_KEYS))
-        _check(not unknown, f"eval.{name}.{unknown[0] if unknown else ''}", "not a decoder option", DECODER_KEYS)
-        _positive(f"eval.{name}.beam", d.beam)
-        _value(f"eval.{name}.lenpen", d.get("lenpen", 0.6), "a number (GNMT alpha; 0: none)")
-        _value(f"eval.{name}.max_len_a", d.get("max_len_a", 1.0), "a number >= 0", lambda v: v >= 0)
+        check(not unknown, f"eval.{name}.{unknown[0] if unknown else ''}", "not a decoder option", DECODER_KEYS)
+        check_positive(f"eval.{name}.beam", d.beam)
+        check_number(f"eval.{name}.lenpen", d.get("lenpen", 0.6), "a number (GNMT alpha; 0: none)")
+        check_number(f"eval.{name}.max_len_a", d.get("max_len_a", 1.0), "a number >= 0", lambda v: v >= 0)
         for key in ("max_len_b", "min_len"):
-            _value(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
+            check_number(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
 
 
 def check_machine(cfg: Any) -> None:
@@ -158,8 +160,8 @@ def check_machine(cfg: Any) -> None:
     if accel in ("gpu", "cuda"):
         import torch
 
-        _check(torch.cuda.is_available(), "trainer.accelerator", f"{accel!r}: this machine has no CUDA GPU",
-               "cpu, or trainer=gpu on a GPU machine")
+        check(torch.cuda.is_available(), "trainer.accelerator", f"{accel!r}: this machine has no CUDA GPU",
+              "cpu, or trainer=gpu on a GPU machine")
 
 
 def _is_duration(value: Any) -> bool:
@@ -169,47 +171,47 @@ def _is_duration(value: Any) -> bool:
 
 
 def _validate_trainer(t: Any) -> None:
-    _value("trainer.max_steps", t.max_steps, "an integer > 0, or -1 for no limit", lambda v: v == -1 or v > 0,
-           integer=True)
-    _value("trainer.max_epochs", t.get("max_epochs"), "an integer > 0, -1 or null", lambda v: v == -1 or v > 0,
-           integer=True, null=True)
-    _value("trainer.val_check_interval", t.get("val_check_interval"),
-           "an integer number of steps > 0, a fraction of an epoch in (0, 1], or null",
-           lambda v: v > 0 if isinstance(v, int) else 0 < v <= 1, null=True)
-    _value("trainer.log_every_n_steps", t.get("log_every_n_steps", 50), "an integer > 0", lambda v: v > 0,
-           integer=True)
-    _value("trainer.accumulate_grad_batches", t.get("accumulate_grad_batches", 1), "an integer > 0",
-           lambda v: v > 0, integer=True)
+    check_number("trainer.max_steps", t.max_steps, "an integer > 0, or -1 for no limit", lambda v: v == -1 or v > 0,
+                 integer=True)
+    check_number("trainer.max_epochs", t.get("max_epochs"), "an integer > 0, -1 or null", lambda v: v == -1 or v > 0,
+                 integer=True, null=True)
+    check_number("trainer.val_check_interval", t.get("val_check_interval"),
+                 "an integer number of steps > 0, a fraction of an epoch in (0, 1], or null",
+                 lambda v: v > 0 if isinstance(v, int) else 0 < v <= 1, null=True)
+    check_number("trainer.log_every_n_steps", t.get("log_every_n_steps", 50), "an integer > 0", lambda v: v > 0,
+                 integer=True)
+    check_number("trainer.accumulate_grad_batches", t.get("accumulate_grad_batches", 1), "an integer > 0",
+                 lambda v: v > 0, integer=True)
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "overfit_batches"):
         if t.get(key) is not None:
-            _value(f"trainer.{key}", t[key], "an integer number of batches >= 0 or a fraction in [0, 1]",
-                   lambda v: v >= 0 if isinstance(v, int) else 0 <= v <= 1)
+            check_number(f"trainer.{key}", t[key], "an integer number of batches >= 0 or a fraction in [0, 1]",
+                         lambda v: v >= 0 if isinstance(v, int) else 0 <= v <= 1)
     limit = t.get("limit_train_batches")
-    _check(limit is None or limit != 0, "trainer.limit_train_batches", "0 trains no batch",
-           "an integer > 0 or a fraction in (0, 1]")
-    _value("trainer.num_nodes", t.get("num_nodes", 1), "an integer > 0", lambda v: v > 0, integer=True)
+    check(limit is None or limit != 0, "trainer.limit_train_batches", "0 trains no batch",
+          "an integer > 0 or a fraction in (0, 1]")
+    check_number("trainer.num_nodes", t.get("num_nodes", 1), "an integer > 0", lambda v: v > 0, integer=True)
     devices = t.get("devices", 1)
-    _check(devices in ("auto", -1, "-1") or (_is_num(devices, integer=True) and devices > 0)
-           or (hasattr(devices, "__len__") and not isinstance(devices, str) and len(devices) > 0),
-           "trainer.devices", f"{devices!r} is not valid", "an integer > 0, -1, auto, or a list of device ids")
+    check(devices in ("auto", -1, "-1") or (is_num(devices, integer=True) and devices > 0)
+          or (hasattr(devices, "__len__") and not isinstance(devices, str) and len(devices) > 0),
+          "trainer.devices", f"{devices!r} is not valid", "an integer > 0, -1, auto, or a list of device ids")
     accel = t.get("accelerator", "auto")
     if isinstance(accel, str):
-        _choice("trainer.accelerator", accel, ACCELERATORS)
+        check_choice("trainer.accelerator", accel, ACCELERATORS)
     max_time = t.get("max_time")
-    _check(max_time is None or hasattr(max_time, "keys") or _is_duration(max_time), "trainer.max_time",
-           f"{max_time!r} is not valid", "null, DD:HH:MM:SS (e.g. 00:12:00:00), or {hours: 12}")
+    check(max_time is None or hasattr(max_time, "keys") or _is_duration(max_time), "trainer.max_time",
+          f"{max_time!r} is not valid", "null, DD:HH:MM:SS (e.g. 00:12:00:00), or {hours: 12}")
     fdr = t.get("fast_dev_run", False)
-    _check(isinstance(fdr, bool) or (_is_num(fdr, integer=True) and fdr >= 0), "trainer.fast_dev_run",
-           f"{fdr!r} is not valid", "true, false or a number of batches >= 0")
-    _value("trainer.gradient_clip_val", t.get("gradient_clip_val"), "a number >= 0 or null", lambda v: v >= 0,
-           null=True)
+    check(isinstance(fdr, bool) or (is_num(fdr, integer=True) and fdr >= 0), "trainer.fast_dev_run",
+          f"{fdr!r} is not valid", "true, false or a number of batches >= 0")
+    check_number("trainer.gradient_clip_val", t.get("gradient_clip_val"), "a number >= 0 or null", lambda v: v >= 0,
+                 null=True)
     if t.get("precision") is not None:  # null: Lightning's default, or a precision plugin's
-        _choice("trainer.precision", t["precision"], PRECISIONS)
+        check_choice("trainer.precision", t["precision"], PRECISIONS)
     import inspect
 
     from lightning import Trainer
 
     known = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
     unknown = sorted(k for k in t if not str(k).startswith("_") and k not in known)
-    _check(not unknown, f"trainer.{unknown[0] if unknown else ''}", "not a lightning.Trainer argument",
-           "see python -c 'import lightning; help(lightning.Trainer)'")
+    check(not unknown, f"trainer.{unknown[0] if unknown else ''}", "not a lightning.Trainer argument",
+          "see python -c 'import lightning; help(lightning.Trainer)'")
