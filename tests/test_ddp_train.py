@@ -6,6 +6,8 @@ import sys
 from omegaconf import OmegaConf
 
 from conftest import ROOT
+from normlab.data.datamodule import TranslationDataModule
+from normlab.data.tokenizer import Tokenizer
 from test_final_test import check_independent
 
 
@@ -26,6 +28,15 @@ def ddp_run(small_corpus, tmp_path, *extra):
     assert results["status"] == "completed" and results["steps"] == 6
     assert results["choices"]["trainer"] == "ddp"
     return results
+
+
+def eval_batches(run_dir, cfg) -> dict[str, int]:
+    """The number of evaluation batches of valid and test in one process (before sharding), from a
+    data module of the run's data config and tokenizer."""
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    dm = TranslationDataModule(**data, tokenizer=Tokenizer.load(run_dir / "tokenizer"))
+    dm.setup("test")
+    return {split: dm.dataloader(split).batch_sampler.num_batches for split in ("valid", "test")}
 
 
 def test_two_process_ddp_run_completes(small_corpus, tmp_path):
@@ -51,4 +62,9 @@ def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(smal
                       "callbacks.step_checkpoints.keep_last_n=2", "regularizer.encoder_layerdrop=0",
                       "regularizer.decoder_layerdrop=0")
     run_dir = tmp_path / "run"
-    check_independent(run_dir, results, OmegaConf.load(run_dir / ".hydra" / "config.yaml"), rel=1e-12)
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    # An odd count on both splits, so one of the 2 ranks gets a repeated batch and the de-duplication
+    # is exercised (a change to the corpus, tokenizer or eval_max_tokens could make it even).
+    counts = eval_batches(run_dir, cfg)
+    assert all(n % 2 == 1 for n in counts.values()), counts
+    check_independent(run_dir, results, cfg, rel=1e-12)
