@@ -56,8 +56,9 @@ def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(smal
     """The final passes under DDP: each rank scores its shard of the split (the loader the data module
     builds for it), the ranks' loss sums and hypotheses are combined, and the scores equal what one
     process computes from the checkpoint files over the whole split. 7 eval batches (eval_max_tokens
-    512): the shards are padded with a repeated batch, which must count once. (No LayerDrop: its
-    draw counters differ between step checkpoints, which averaging refuses.)"""
+    512): the shards are padded with a repeated batch, which must count once. (No LayerDrop: the
+    averaged pass with LayerDrop, which takes the last checkpoint's draw counter, is tested in one
+    process in tests/test_commands.py.)"""
     results = ddp_run(small_corpus, tmp_path, "data.eval_max_tokens=512", "callbacks.step_checkpoints.every_n_steps=3",
                       "callbacks.step_checkpoints.keep_last_n=2", "regularizer.encoder_layerdrop=0",
                       "regularizer.decoder_layerdrop=0")

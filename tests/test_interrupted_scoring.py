@@ -81,17 +81,26 @@ def test_a_stall_decided_at_the_last_step_survives_an_interrupted_scoring(small_
     assert again["status"] == "stalled" and again["steps"] == 20 and again["stall_reason"] == first["stall_reason"]
 
 
-def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path):
+def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path, monkeypatch):
     """resume= another run's checkpoint written where its stall guard stopped it: that run's end is
-    not this one's; with a working lr and a longer budget it trains on (a plateau can end)."""
+    not this one's; with a working lr and a longer budget it trains on (a plateau can end), also in
+    its own later legs (Ctrl-C while scoring, then the same command), whose checkpoints must not
+    carry the other run's stall on (was: the continued leg ended `stalled` with run a's reason)."""
     first = run(compose_cfg(_stalling(small_corpus, tmp_path / "a", tmp_path / "cache", "trainer.max_steps=60",
                                       "callbacks.stall.stop_after=8")))
     assert first["status"] == "stalled" and first["steps"] == 20
     ckpt = sorted((tmp_path / "a" / "checkpoints").glob("full-step*.ckpt"))[-1]
-    over = _stalling(small_corpus, tmp_path / "b", tmp_path / "cache", "trainer.max_steps=28",
-                     f"resume={ckpt}") + ["optim.lr=3e-3"]
-    again = run(compose_cfg(over))
+
+    def resumed(folder: str) -> list[str]:
+        return _stalling(small_corpus, tmp_path / folder, tmp_path / "cache", "trainer.max_steps=28",
+                         f"resume={ckpt}") + ["optim.lr=3e-3"]
+
+    again = run(compose_cfg(resumed("b")))
     assert again["steps"] == 28 and "stopped_at_step" not in again
+    interrupted_while_scoring(resumed("c"), monkeypatch)
+    continued = run(compose_cfg(resumed("c")))
+    assert continued["steps"] == 28 and continued["status"] == again["status"]
+    assert continued.get("stall_reason") == again.get("stall_reason")
 
 
 # Every final pass (valid, beam test, greedy test, averaged test), each short.

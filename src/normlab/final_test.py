@@ -10,11 +10,13 @@
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
 - partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
-A stalled run (callbacks/stall.py) is scored by the valid and test passes' loss only (loss, nll,
-ppl; bleu and chrf None, no test.hyp: Seq2SeqModule.decoder), and not by the greedy and averaged
-passes: a model at its input-independent floor decodes every sentence to the length cap, minutes per
-pass, for a BLEU of 0 (issue 21; deep_bleu's stalled post-LN runs spent ~5 of their 19 minutes
-there). Runs recorded before this rule keep the BLEU of 0.0 they were decoded to.
+A stalled run (callbacks/stall.py) is scored by the valid pass (decoded: valid_bleu, which a
+sweeper such as Optuna reads) and by the test pass's loss only (test_loss, nll, ppl; test_bleu and
+test_chrf None, no test.hyp), and not by the greedy and averaged passes: a model at its
+input-independent floor decodes to the length cap or searches until its beams end, for a test BLEU
+of 0 (issue 21; deep_bleu's stalled post-LN seed 2 spent ~252 s of its 1,146 s in the beam test).
+Runs recorded before this rule keep the BLEU of 0.0 they were decoded to. (Validation during
+training still decodes: the best-checkpoint callback watches valid/bleu.)
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
 
 
 def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None, suffix: str = "",
-                    keys: tuple[str, ...] = METRICS, log_scores: bool = True, decode=None) -> dict:
+                    keys: tuple[str, ...] = METRICS, log_scores: bool = True, decode=None,
+                    loss_only: bool = False) -> dict:
     """Score `ckpt` (None: the module's weights) on `split` (with `decode` instead of the split's
     decoder if given) directly, outside Lightning's loops (scoring.py); add `<split>_<metric><suffix>`
     for each key to `out` (the loggers get `<split>/<metric><suffix>`, the same values, unless
@@ -43,7 +46,8 @@ def evaluation_pass(out: dict, trainer, module, dm, split: str, ckpt: str | None
         load_weights(trainer, module, ckpt)
     name = Path(ckpt).name if ckpt else "final weights"
     # progress lines name the pass ("final test greedy (...)"); the score line's keys carry the suffix
-    scored = score_split(trainer, module, dm, split, decode, label=f"final {split}{suffix.replace('_', ' ')} ({name})")
+    scored = score_split(trainer, module, dm, split, decode, label=f"final {split}{suffix.replace('_', ' ')} ({name})",
+                         loss_only=loss_only)
     result: dict = {}
     if scored is not None:  # None: the split's batch limit is 0, nothing was scored
         metrics, result = scored
@@ -83,13 +87,14 @@ def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, statu
     evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False)
     if not passes.test:
         return out
-    t = evaluation_pass(out, trainer, module, dm, "test", ckpt)
+    stalled = status is Status.STALLED  # at the floor: its test BLEU is 0, its decode minutes (below)
+    t = evaluation_pass(out, trainer, module, dm, "test", ckpt, loss_only=stalled)
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
         text = ("\n".join(t["hypotheses"]) + "\n").encode("utf-8")  # whole or not at all (a SIGTERM here)
         atomic_write_bytes(run_dir / "test.hyp", lambda f: f.write(text))
-    if status is Status.STALLED:  # at the floor: the passes above scored its loss only, and a
-        return out                  # greedy or averaged pass would add nothing (issue 21)
+    if stalled:  # a greedy or averaged re-decode would add nothing but time (issue 21)
+        return out
     merge_scores(out, extra_test_scores(passes, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
 

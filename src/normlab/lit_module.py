@@ -9,9 +9,7 @@ back-propagates its summed loss and the accumulated gradient is divided by the u
 count once, before clipping and the optimizer step (on_before_optimizer_step; fairseq's
 multiply_grads).
 Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; the final passes
-(final_test.py) score the same way outside Lightning's loops. A run found stalled (the run's
-`outcome`, callbacks/stall.py) is scored by its loss only from then on: a model at its
-input-independent floor decodes every sentence to the length cap (minutes per pass) for a BLEU of 0.
+(final_test.py) score the same way outside Lightning's loops.
 """
 from __future__ import annotations
 
@@ -29,7 +27,6 @@ from normlab.evaluation import make_decoder, ordered, score, translate_batches
 from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
-from normlab.outcome import RunOutcome, Status
 from normlab.private_api import logs_this_step
 
 
@@ -55,10 +52,9 @@ def score_line(label: str, logged: dict[str, float], result: dict) -> str:
 
 class Seq2SeqModule(L.LightningModule):
     def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None,
-                 compile: bool | str = False, outcome: RunOutcome | None = None):
+                 compile: bool | str = False):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer_proto", "outcome"])
-        self.outcome = outcome  # train.run's: a stalled run decodes nothing (decoder)
+        self.save_hyperparameters(ignore=["tokenizer_proto"])
         self.model_cfg = ModelConfig.from_dict(model_cfg)
         self.model = Seq2SeqTransformer(self.model_cfg)
         # model.compile=true: torch.compile the training forward in place (state-dict keys unchanged,
@@ -189,9 +185,7 @@ class Seq2SeqModule(L.LightningModule):
 
     def decoder(self, split: str):
         """How `split` is decoded for BLEU: valid by eval.decoder (None when eval.valid_bleu is false:
-        the loss only), test by eval.test_decoder; None (the loss only) once the run is found stalled."""
-        if self.outcome is not None and self.outcome.status is Status.STALLED:
-            return None
+        the loss only), test by eval.test_decoder."""
         if split == "valid":
             return self.decode if self.eval_cfg.get("valid_bleu", True) else None
         return self.test_decode

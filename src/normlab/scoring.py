@@ -108,17 +108,18 @@ class PassProgress:
             self.last_tenth, self.last_time = tenth, now
 
 
-def score_split(trainer, module, dm, split: str, decode=None, label: str | None = None
+def score_split(trainer, module, dm, split: str, decode=None, label: str | None = None, loss_only: bool = False
                 ) -> tuple[dict[str, float], dict] | None:
     """(metrics, result) of the module's current weights on `split` (Seq2SeqModule.split_result),
     decoded with `decode` or the split's own decoder; None when the limit leaves no batch to run
-    (Lightning skips such a loop). Progress lines are labelled `label` (default `final <split>`)."""
+    (Lightning skips such a loop). Progress lines are labelled `label` (default `final <split>`);
+    `loss_only`: no decoding (the teacher-forced loss, nll, ppl only)."""
     loader = dm.val_dataloader() if split == "valid" else dm.test_dataloader()
     limit = trainer.limit_val_batches if split == "valid" else trainer.limit_test_batches
     n = num_batches(len(loader), limit, split)
     if n == 0:
         return None
-    decode = decode or module.decoder(split)
+    decode = None if loss_only else decode or module.decoder(split)
     module.reset_eval()
     progress = PassProgress(label or f"final {split}", n, trainer.is_global_zero)
     with evaluating(trainer, module, split):

@@ -137,7 +137,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
                                     eos_id=tok.eos_id)  # the data's vocabulary
     module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
-                           compile=spec.compile, outcome=outcome)
+                           compile=spec.compile)
     if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
         load_finetune_weights(module.model, start_state, start_ckpt)
     elif spec.resume and cont.checkpoint is None:

@@ -18,15 +18,14 @@ Criterion, decided when training ends (trainer.fit returns), with `w` = window, 
 The loss is the training loss of each optimizer step (label-smoothed, per target token, the mean over
 the step's accumulated micro-batches; windows count optimizer steps; under DDP the means
 and the token counts are reduced over ranks). p is counted from the targets of the batches this run
-trained on. A stalled run is scored by its loss only (valid and test loss, nll, ppl; no decoding:
-final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
+trained on. A stalled run is scored by the valid pass and the test pass's loss only (no test
+decoding: final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
 `stall_reason`; the report counts it like a diverged run. Off: `callbacks.stall.margin: null`.
 
 Stopping early (`stop_after: N`, on in the study presets): the criterion is also checked every
 `window` optimizer steps during training (one reduction and host read per check, none between);
 once it has held at every check for N steps the run stops there, `status: stalled` with
-`stall_detected_step` and `stopped_at_step`, and is scored like any stalled run (the validation
-Lightning runs at the stop scores its loss only, as every pass after the stall is found does). A curve that
+`stall_detected_step` and `stopped_at_step`, and is scored like any stalled run. A curve that
 starts falling again before then clears the detection (deep post-norm can sit on a plateau and
 then learn). null: decided only when training ends, as above.
 """
@@ -107,6 +106,8 @@ class StallGuard(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # continued from the checkpoint written where this guard stopped the run (the leg was then
         # interrupted, e.g. while scoring): the run is still stalled there, not trained further
+        if not self.carry_end:  # resume= another run's checkpoint: its stall is not this run's, now or
+            self.ended = None   # in this run's later legs (its own checkpoints must not carry it on)
         if self.ended is not None and self.carry_end and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
             trainer.should_stop = True
@@ -116,6 +117,8 @@ class StallGuard(L.Callback):
         step trains nothing, and Lightning then calls neither on_train_start nor on_train_end; the
         stall is what the restored record (or the restored losses and counts) say, as it was decided
         when the interrupted leg ended."""
+        if not self.carry_end:
+            self.ended = None
         if self.ended is not None and self.carry_end and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
         else:
