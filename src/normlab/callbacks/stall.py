@@ -19,8 +19,9 @@ The loss is the training loss of each optimizer step (label-smoothed, per target
 the step's accumulated micro-batches; windows count optimizer steps; under DDP the means
 and the token counts are reduced over ranks). p is counted from the targets of the batches this run
 trained on. A stalled run is scored by the valid pass and the test pass's loss only (no test
-decoding: final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's mean), `input_independent_loss` (L*) and
-`stall_reason`; the report counts it like a diverged run. Off: `callbacks.stall.margin: null`.
+decoding: final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's
+mean), `input_independent_loss` (L*) and `stall_reason`; the report counts it like a diverged run.
+Off: `callbacks.stall.margin: null`.
 
 Stopping early (`stop_after: N`, on in the study presets): the criterion is also checked every
 `window` optimizer steps during training (one reduction and host read per check, none between);
