@@ -267,7 +267,8 @@ def update_index(index: Path) -> None:
         for c in data["claims"]:
             d = c.get("difference")
             if d and d.get("low") is not None:
-                ours = f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]})"
+                seeds = f", {d['paired_seeds']} seed{'s' if d['paired_seeds'] != 1 else ''}" if d.get("paired_seeds") else ""
+                ours = f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]}{seeds})"
             elif c.get("kind") in ("fails", "trains"):
                 ours = f"{c['better']}: " + (outcome_text((c.get("statuses") or {}).get(c["better"], {}),
                                                           (c.get("means") or {}).get(c["better"]), c["metric"]) or "not run")
