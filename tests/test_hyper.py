@@ -147,9 +147,14 @@ def test_sinkhorn_gives_doubly_stochastic_matrices_per_token():
     # inside a trained-looking mHC model: every block's H_res, every token (weights() gives its
     # transpose, mix[source, target]: each source's mass sums to 1 over the targets)
     m = model("mhc", "dynamic")
+    hyper = m.encoder.layers[0].self_attn.hyper
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # randomise_ moves only 1-D parameters: H_res's logits and φ too, as training would
+        hyper.b_res.add_(0.5 * torch.randn(hyper.b_res.shape, generator=g))
+        hyper.phi.copy_(0.02 * torch.randn(hyper.phi.shape, generator=g))
     src, _ = batch()
     h = m.encoder.stream_in(m.encoder.embed(src))
-    _, res, _ = m.encoder.layers[0].self_attn.hyper.weights(h)
+    _, res, _ = hyper.weights(h)
     assert res.shape == (4, 4, *src.shape) and (res > 0).all()
     torch.testing.assert_close(res.sum(1), torch.ones(4, *src.shape), atol=1e-6, rtol=0)
     torch.testing.assert_close(res.sum(0), torch.ones(4, *src.shape), atol=3e-2, rtol=0)
