@@ -41,10 +41,9 @@ from typing import Any, Iterator
 import torch
 
 from normlab.config import ConfigError
-from normlab.signals import Signalled
+from normlab.signals import SIGNALS, Signalled
 
 log = logging.getLogger("normlab")
-STOPPING = (signal.SIGTERM, signal.SIGUSR1)  # what a cluster or a study sends to stop a job
 PROGRESS_SECONDS = 30.0  # a progress line at least this often (at a batch's end), besides every tenth
 
 
@@ -160,7 +159,7 @@ def signals_interrupt(trainer) -> Iterator[None]:
         raise Signalled(signum, before.get(signum))
 
     try:
-        for s in STOPPING:
+        for s in SIGNALS.values():
             before[s] = signal.signal(s, stop)
         yield
     finally:

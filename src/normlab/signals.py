@@ -20,6 +20,7 @@ import subprocess
 from typing import Any, NoReturn
 
 log = logging.getLogger("normlab")
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}  # what a cluster or a study sends to stop a job
 
 
 def slurm_job_id() -> str | None:

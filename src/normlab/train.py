@@ -211,7 +211,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         for line in summary_lines(results):
             log.info(line)
     if stop is not None:  # the handler from before (submitit's), else on SLURM a requeue for SIGUSR1; exit
-        hand_over(stop.signum, stop.before, preemption.requeue if preemption is not None else True)
+        hand_over(stop.signum, stop.before, preemption is not None and preemption.requeue)  # no callback: no requeue
     for c in callbacks:
         if isinstance(c, Preemption):
             c.after_run()  # on a signal: hand over to the previous handler / requeue, then exit

@@ -36,10 +36,9 @@ from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
 from normlab.outcome import RunOutcome, Status
 from normlab.private_api import original_signal_handlers
-from normlab.signals import hand_over
+from normlab.signals import SIGNALS, hand_over
 
 log = logging.getLogger("normlab")
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
 
 
 def clock() -> float:
