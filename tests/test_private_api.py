@@ -76,3 +76,31 @@ def test_torch_global_module_hooks():
     finally:
         handle.remove()
     assert api.global_module_hooks() is False
+
+
+def test_overridden_lightning_methods_still_exist_and_are_called(tmp_path):
+    """BestCheckpoint overrides ModelCheckpoint._monitor_candidates: a rename in Lightning would
+    silently bypass the override (a loss-only validation would then fail the run)."""
+    import importlib
+
+    from normlab.callbacks.checkpoints import BestCheckpoint
+
+    for path, names in api.OVERRIDDEN.items():
+        module, cls = path.rsplit(".", 1)
+        klass = getattr(importlib.import_module(module), cls)
+        for name in names:
+            assert callable(getattr(klass, name, None)), f"{path}.{name} is gone"
+
+    calls = []
+
+    class Spy(BestCheckpoint):
+        def _monitor_candidates(self, trainer):
+            calls.append(trainer.global_step)
+            return super()._monitor_candidates(trainer)
+
+    spy = Spy(monitor="v", mode="min", dirpath=str(tmp_path))
+    trainer = L.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=1, callbacks=[spy], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        default_root_dir=str(tmp_path))
+    trainer.fit(_Tiny())
+    assert calls and spy.best_model_path  # called on validation end, and the best was saved through it

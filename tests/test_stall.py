@@ -102,19 +102,25 @@ def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_co
     # first check with a full window + patience (12 losses after step 0) at step 12, then 16, 20
     assert stalled["status"] == "stalled" and stalled["stall_detected_step"] == 12
     assert stalled["stopped_at_step"] == 20 and stalled["steps"] == 20 < 60
-    # scored by its valid pass and its test loss: the test set of a model at the floor is not
-    # decoded (minutes to the length cap for a BLEU of 0; issue 21)
-    assert stalled["valid_loss"] > 0 and stalled["valid_bleu"] is not None
+    # scored by the loss of its valid and test passes: a model at the floor is not decoded
+    # (minutes to the length cap for a BLEU of 0; issue 21)
+    assert stalled["valid_loss"] > 0 and stalled["valid_ppl"] > 1
+    assert stalled["valid_bleu"] is None and stalled["valid_chrf"] is None
     assert stalled["test_loss"] > 0 and stalled["test_ppl"] > 1
     assert stalled["test_bleu"] is None and stalled["test_chrf"] is None
     assert "test_bleu_greedy" not in stalled and "test_bleu_avg" not in stalled
     assert not (tmp_path / "stalled" / "test.hyp").exists()
-    # every validation decodes, the one at the stop too (the best checkpoint watches valid/bleu)
+    # the validations before the stall was found decode; those while it is held (found at the check
+    # of step 12, before that step's validation) score the loss only
     rows = [r for r in csv.DictReader(open(tmp_path / "stalled" / "csv" / "metrics.csv")) if r.get("valid/loss")]
     assert [int(r["step"]) + 1 for r in rows] == [4, 8, 12, 16, 20]  # the CSV counts steps from 0
-    assert all(r.get("valid/bleu") for r in rows)
+    assert [bool(r.get("valid/bleu")) for r in rows] == [True, True, False, False, False]
+    # the best is a decoded validation's (a loss-only one ranks last), and the final passes used it
+    assert stalled["checkpoint"].endswith(("best-step4.ckpt", "best-step8.ckpt"))
     assert out["learning"]["status"] == "completed" and out["learning"]["steps"] == 60
-    assert out["learning"]["test_bleu_greedy"] is not None
+    assert out["learning"]["valid_bleu"] is not None and out["learning"]["test_bleu_greedy"] is not None
+    learned = [r for r in csv.DictReader(open(tmp_path / "learning" / "csv" / "metrics.csv")) if r.get("valid/loss")]
+    assert learned and all(r.get("valid/bleu") for r in learned)  # a run that learns decodes every validation
 
 
 def test_a_stall_that_recovers_clears_the_detection():
@@ -126,24 +132,29 @@ def test_a_stall_that_recovers_clears_the_detection():
     decisions = iter([{"stall_reason": "flat", "stall_loss": 6.6, "input_independent_loss": 6.5}, None,
                       {"stall_reason": "flat", "stall_loss": 6.6, "input_independent_loss": 6.5}])
     guard._decide = lambda trainer, module: next(decisions)
-    trainer, module = SimpleNamespace(global_step=0, should_stop=False), SimpleNamespace()
+    trainer, module = SimpleNamespace(global_step=0, should_stop=False), SimpleNamespace(decode_valid=True)
+    module.hold_stall = lambda held: setattr(module, "decode_valid", not held)  # Seq2SeqModule's
     guard.losses.extend(torch.tensor(6.6) for _ in range(4))
     for step in (2, 4, 6):
         guard._start_step, trainer.global_step = step - 1, step  # an optimizer step ended in this batch
         guard.on_train_batch_end(trainer, module, torch.tensor(6.6), None, 0)
         assert guard.detected == {2: 2, 4: None, 6: 6}[step]  # found, cleared by a falling curve, found again
+        assert module.decode_valid is (guard.detected is None)  # validation decodes again once cleared
     assert not trainer.should_stop and guard.outcome.running
 
 
 def test_a_stall_stop_at_the_first_validation_completes_as_stalled(small_corpus, tmp_path):
     """The validation Lightning runs at the stall stop is the run's first (interval 20, stop at 20,
-    as deep_bleu's post-LN seed 2: found at 300, stopped at 500 = its first validation): the best
-    checkpoint needs its valid/bleu, so it still decodes (a loss-only validation there failed the run)."""
+    as deep_bleu's post-LN seed 2: found at 300, stopped at 500 = its first validation). It scores
+    the loss only, and the best checkpoint, which watches valid/bleu, takes it as the worst score
+    (Lightning raises when a monitored metric is missing: this failed the run before)."""
     over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + STALL[:3] + [
         "trainer.max_steps=60", "trainer.val_check_interval=20", "eval.test_decoder.beam=2",
         "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5", "callbacks.stall.stop_after=8",
         "callbacks.stall.margin=-0.5", "optim.lr=1e-12", "optim.warmup=1"]
     res = run(compose_cfg(over))
     assert res["status"] == "stalled" and res["stopped_at_step"] == 20
-    assert res["valid_bleu"] is not None and res["test_bleu"] is None and res["test_loss"] > 0
+    assert res["valid_bleu"] is None and res["test_bleu"] is None and res["test_loss"] > 0
     assert res["checkpoint"].endswith("best-step20.ckpt")
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r.get("valid/loss")]
+    assert len(rows) == 1 and not rows[0].get("valid/bleu")  # its one validation decoded nothing

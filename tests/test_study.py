@@ -166,6 +166,20 @@ def test_best_of_picks_by_validation_not_test(tmp_path):
     assert v.than == "b1" and "best of b1, b2 by mean valid_bleu" in v.note and v.verdict == "held"
 
 
+def test_best_of_puts_a_candidate_that_stalled_on_a_seed_last(tmp_path):
+    # b1 has the better valid BLEU on the seeds that trained, but stalled on seed 3 (no valid BLEU:
+    # final_test.py): a mean over its trained seeds alone would pick it; b2 trained on every seed
+    rows = [("a", s, {"test_bleu": 25.0, "valid_bleu": 20.0}) for s in (1, 2, 3)]
+    rows += [("b1", s, {"test_bleu": 24.0 + s * 0.1, "valid_bleu": 19.0}) for s in (1, 2)]
+    rows += [("b1", 3, {"status": "stalled", "valid_bleu": None, "test_bleu": None})]
+    rows += [("b2", s, {"test_bleu": 22.0 + s * 0.1, "valid_bleu": 18.0}) for s in (1, 2, 3)]
+    v = verdicts(tmp_path, [claim(than="b_best")], rows)["c"]
+    assert v.than == "b2" and v.verdict == "held"
+    # without the stalled seed, b1 is the pick (the rule only demotes a candidate that failed)
+    v = verdicts(tmp_path / "2", [claim(than="b_best")], [r for r in rows if r[2].get("status") != "stalled"])["c"]
+    assert v.than == "b1"
+
+
 def test_similar_fails_trains_and_other_metric(tmp_path):
     rows = [("a", s, {"test_bleu": 25.0 + 0.1 * s, "other": 25.05 + 0.1 * s}) for s in (1, 2, 3)]
     rows += [("b1", s, {"test_bleu": 10.0}) for s in (1, 2, 3)]

@@ -10,13 +10,14 @@
   (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
 - partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
-A stalled run (callbacks/stall.py) is scored by the valid pass (decoded: valid_bleu, which a
-sweeper such as Optuna reads) and by the test pass's loss only (test_loss, nll, ppl; test_bleu and
-test_chrf None, no test.hyp), and not by the greedy and averaged passes: a model at its
-input-independent floor decodes to the length cap or searches until its beams end, for a test BLEU
-of 0 (issue 21; deep_bleu's stalled post-LN seed 2 spent ~252 s of its 1,146 s in the beam test).
-Runs recorded before this rule keep the BLEU of 0.0 they were decoded to. (Validation during
-training still decodes: the best-checkpoint callback watches valid/bleu.)
+A stalled run (callbacks/stall.py) is scored by the loss of its valid and test passes only
+(valid_/test_ loss, nll, ppl; their bleu and chrf None, no test.hyp), and not by the greedy and
+averaged passes: a model at its input-independent floor decodes to the length cap or searches until
+its beams end, for a BLEU of 0 (issue 21; deep_bleu's stalled post-LN seed 2 spent ~252 s of its
+1,146 s in the beam test, and ~150 s in each validation). Its valid_bleu is None, so a sweeper
+reading it (Optuna: commands/train.py) counts the trial as failed, as a diverged one. Runs recorded
+before this rule keep the BLEU of 0.0 they were decoded to. (Validation during training scores the
+loss only while a stall is held: callbacks/stall.py.)
 """
 from __future__ import annotations
 
@@ -84,10 +85,10 @@ def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, statu
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}
-    evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False)
+    stalled = status is Status.STALLED  # at the floor: its BLEU is 0, its decodes minutes (above)
+    evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False, loss_only=stalled)
     if not passes.test:
         return out
-    stalled = status is Status.STALLED  # at the floor: its test BLEU is 0, its decode minutes (below)
     t = evaluation_pass(out, trainer, module, dm, "test", ckpt, loss_only=stalled)
     out.update(bleu_signature=t.get("bleu_signature"), chrf_signature=t.get("chrf_signature"))
     if trainer.is_global_zero and "hypotheses" in t:
@@ -137,7 +138,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     steps = f", steps {results['steps']} of {results['planned_steps']}" if results.get("planned_steps") else ""
     lines = [f"run folder: {results.get('run_dir')}  (status: {results.get('status')}{steps})"]
     for title, parts in (("test", [fmt("BLEU", "test_bleu"), fmt("chrF", "test_chrf"),
-                                   fmt("greedy BLEU", "test_bleu_greedy"), fmt("averaged BLEU", "test_bleu_avg")]),
+                                   fmt("greedy BLEU", "test_bleu_greedy"), fmt("averaged BLEU", "test_bleu_avg"),
+                                   fmt("loss", "test_loss")]),
                          ("valid", [fmt("BLEU", "valid_bleu"), fmt("loss", "valid_loss"), fmt("ppl", "valid_ppl")])):
         shown = [p for p in parts if p]
         if shown:

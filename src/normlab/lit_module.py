@@ -72,6 +72,10 @@ class Seq2SeqModule(L.LightningModule):
         self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
         self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
+        # False while the stall guard holds a stall (callbacks/stall.py): validation then scores the
+        # loss only, as a model at its input-independent floor decodes to the length cap for a BLEU
+        # of 0 (issue 21); the best checkpoint ranks such a validation last (callbacks/checkpoints.py)
+        self.decode_valid = True
         self.reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
@@ -183,11 +187,16 @@ class Seq2SeqModule(L.LightningModule):
         self._batch_sums: dict[int, tuple[float, float, int]] = {}  # loss, nll, ntokens by batch
         self._hyps: dict[int, str] = {}
 
+    def hold_stall(self, held: bool) -> None:
+        """The stall guard's word (callbacks/stall.py): while a stall is held, validation scores the
+        loss only (`decode_valid`)."""
+        self.decode_valid = not held
+
     def decoder(self, split: str):
-        """How `split` is decoded for BLEU: valid by eval.decoder (None when eval.valid_bleu is false:
-        the loss only), test by eval.test_decoder."""
+        """How `split` is decoded for BLEU: valid by eval.decoder (None, the loss only, when
+        eval.valid_bleu is false or while a stall is held: `decode_valid`), test by eval.test_decoder."""
         if split == "valid":
-            return self.decode if self.eval_cfg.get("valid_bleu", True) else None
+            return self.decode if self.eval_cfg.get("valid_bleu", True) and self.decode_valid else None
         return self.test_decode
 
     def eval_step(self, batch: dict, decode=None) -> None:

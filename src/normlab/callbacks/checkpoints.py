@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
@@ -26,13 +27,26 @@ class RunCheckpoint(ModelCheckpoint):
 
 class BestCheckpoint(RunCheckpoint):
     """last.ckpt and best-step<N>.ckpt by `monitor`. With validation BLEU off (`eval.valid_bleu:
-    false`) a BLEU monitor is never logged: the best is then the lowest `valid/loss`."""
+    false`) a BLEU monitor is never logged: the best is then the lowest `valid/loss`.
+
+    A validation that scored the loss only while a stall was held (callbacks/stall.py,
+    lit_module.decode_valid) has no valid/bleu or valid/chrf: it ranks below every decoded one, as
+    Lightning ranks a NaN (−inf under max), so it is the best only when no validation decoded (the
+    run's first validation at its stall stop), and an earlier validation's value, still in the
+    trainer's metrics, is not taken for its own."""
 
     def __init__(self, monitor: str = "valid/bleu", mode: str = "max", valid_bleu: bool = True,
                  filename: str = "best-step{step}", **kwargs):
         if not valid_bleu and "bleu" in monitor:
             monitor, mode = "valid/loss", "min"
         super().__init__(monitor=monitor, mode=mode, filename=filename, auto_insert_metric_name=False, **kwargs)
+
+    def _monitor_candidates(self, trainer) -> dict:
+        candidates = super()._monitor_candidates(trainer)
+        decoded = self.monitor in ("valid/bleu", "valid/chrf")
+        if decoded and getattr(trainer.lightning_module, "decode_valid", True) is False:
+            candidates[self.monitor] = torch.tensor(float("-inf") if self.mode == "max" else float("inf"))
+        return candidates
 
 
 class StepCheckpoint(RunCheckpoint):

@@ -18,8 +18,8 @@ Criterion, decided when training ends (trainer.fit returns), with `w` = window, 
 The loss is the training loss of each optimizer step (label-smoothed, per target token, the mean over
 the step's accumulated micro-batches; windows count optimizer steps; under DDP the means
 and the token counts are reduced over ranks). p is counted from the targets of the batches this run
-trained on. A stalled run is scored by the valid pass and the test pass's loss only (no test
-decoding: final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's
+trained on. A stalled run is scored by the loss of its valid and test passes only (no decoding:
+final_test.py) and results.json gets status "stalled", `stall_loss` (the last window's
 mean), `input_independent_loss` (L*) and `stall_reason`; the report counts it like a diverged run.
 Off: `callbacks.stall.margin: null`.
 
@@ -28,7 +28,11 @@ Stopping early (`stop_after: N`, on in the study presets): the criterion is also
 once it has held at every check for N steps the run stops there, `status: stalled` with
 `stall_detected_step` and `stopped_at_step`, and is scored like any stalled run. A curve that
 starts falling again before then clears the detection (deep post-norm can sit on a plateau and
-then learn). null: decided only when training ends, as above.
+then learn). null: decided only when training ends, as above. While a stall is held, validation
+scores the loss only (no valid/bleu logged: lit_module.decode_valid), and the best checkpoint ranks
+such a validation below every decoded one (callbacks/checkpoints.py); once the detection clears,
+validation decodes again. A stalled run's final valid and test passes score the loss only
+(final_test.py).
 """
 from __future__ import annotations
 
@@ -108,10 +112,12 @@ class StallGuard(L.Callback):
         # continued from the checkpoint written where this guard stopped the run (the leg was then
         # interrupted, e.g. while scoring): the run is still stalled there, not trained further
         if not self.carry_end:  # resume= another run's checkpoint: its stall is not this run's, now or
-            self.ended = None   # in this run's later legs (its own checkpoints must not carry it on)
+            self.ended = self.detected = None  # in this run's later legs (its own checkpoints must not
+            # carry it on); this run finds its own, at its own checks
         if self.ended is not None and self.carry_end and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
             trainer.should_stop = True
+        self._hold(pl_module)  # a continued leg validates as the interrupted one would have
 
     def settle(self, trainer, pl_module) -> None:
         """After fit, when no callback ended the run: a continuation whose checkpoint was at the last
@@ -149,13 +155,20 @@ class StallGuard(L.Callback):
             return
         self._checked = step  # once per optimizer step (accumulation calls this per micro-batch)
         stall = self._decide(trainer, pl_module)
+        self.detected = None if stall is None else step if self.detected is None else self.detected
+        self._hold(pl_module)
         if stall is None:
-            self.detected = None
             return
-        self.detected = step if self.detected is None else self.detected
         if step - self.detected >= self.stop_after:
             self._mark(pl_module, dict(stall, stall_detected_step=self.detected, stopped_at_step=step))
             trainer.should_stop = True
+
+    def _hold(self, pl_module) -> None:
+        """Validation scores the loss only while a stall is held (found and not cleared, or the run
+        ended by it): decoding a model at its floor takes minutes for a BLEU of 0 (issue 21). The
+        checks run in on_train_batch_end, before Lightning's validation of the same step."""
+        if hasattr(pl_module, "hold_stall"):  # Seq2SeqModule (a test's bare module has none)
+            pl_module.hold_stall(self.detected is not None or self.ended is not None)
 
     def _decide(self, trainer, pl_module) -> dict | None:
         """The stall record if the criterion holds now (one reduction over ranks), else None."""
@@ -173,6 +186,7 @@ class StallGuard(L.Callback):
 
     def _mark(self, pl_module, stall: dict) -> None:
         self.ended = stall
+        self._hold(pl_module)
         self.outcome.end(Status.STALLED, **stall)
         stopped = f"; stopped at step {stall['stopped_at_step']}" if "stopped_at_step" in stall else ""
         pl_module.print(f"training stalled: {stall['stall_reason']}{stopped}")

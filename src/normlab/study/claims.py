@@ -13,7 +13,8 @@
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
 - trains (A trains where the paper says it does): the reverse of fails.
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
-metric the claim judges), chosen before the comparison.
+metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
+comparison.
 """
 from __future__ import annotations
 
@@ -66,10 +67,14 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
     by = group["by"]
     best, best_value = None, None
     for arm in group["arms"]:
-        values = [r.metric(by) for r in by_arm.get(arm, []) if r.status in SCORED and r.metric(by) is not None]
+        runs = by_arm.get(arm, [])
+        values = [r.metric(by) for r in runs if r.status in SCORED and r.metric(by) is not None]
         if not values:
             continue
-        v = float(np.mean(values)) * (-1 if lower_is_better(by) else 1)
+        # fewest seeds that failed to train first: a stalled run has no valid BLEU (final_test.py),
+        # and a mean over the seeds that trained must not put a setting that stalls on one seed first
+        failed = sum(r.status in FAILED_TO_TRAIN for r in runs)
+        v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))
         if best_value is None or v > best_value:
             best, best_value = arm, v
     if best is None:
