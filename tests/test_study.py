@@ -42,7 +42,8 @@ def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
 def record(out: Path, arm: str, seed: int, status="completed", **metrics) -> None:
     d = out / "runs" / f"{arm}-s{seed}"
     d.mkdir(parents=True)
-    (d / "results.json").write_text(json.dumps({"status": status, "study": {"arm": arm, "seed": seed}, **metrics}))
+    study = {"arm": arm, "seed": seed, **metrics.pop("study", {})}
+    (d / "results.json").write_text(json.dumps({"status": status, "study": study, **metrics}))
 
 
 def claim(**kw):
@@ -164,6 +165,18 @@ def test_best_of_picks_by_validation_not_test(tmp_path):
     rows += [("b2", s, {"test_bleu": 26.0 + s * 0.1, "valid_bleu": 18.0}) for s in (1, 2, 3)]
     v = verdicts(tmp_path, [claim(than="b_best")], rows)["c"]
     assert v.than == "b1" and "best of b1, b2 by mean valid_bleu" in v.note and v.verdict == "held"
+
+
+def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
+    from normlab.study.readme import cost
+
+    out = tmp_path / "out"
+    record(out, "a", 1, wall_s=3600.0, device="cpu: x86_64, 2 cores, 1 threads", study={"jobs": 2})
+    record(out, "a", 2, wall_s=1800.0, device="cuda: NVIDIA A100 x 2")
+    record(out, "b1", 1, wall_s=360.0)  # a record from before results.json named the device
+    c = cost(load_records(out))
+    assert c["devices"] == ["cpu: x86_64, 2 cores, 1 threads", "cuda: NVIDIA A100 x 2", "device not recorded"]
+    assert abs(c["machine_hours"] - (0.5 + 0.5 + 0.1)) < 1e-9  # the 2-job run counts half its wall time
 
 
 def test_best_of_puts_a_candidate_that_stalled_on_a_seed_last(tmp_path):

@@ -80,7 +80,7 @@ def test_the_cost_line_says_which_runs_were_shared(tmp_path):
     adopt_shared(plan(study, tmp_path / "runs", out), root)
     by_arm = load_records(out)
     text = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study layerdrop_prune").read_text()
-    assert ("2 runs of 4000 steps, 0.00 machine-hours on this machine" in text
+    assert ("2 runs of 4000 steps, 0.00 machine-hours (device not recorded: the runs' wall times" in text
             and "; 2 of the runs shared with drophead (the same runs, trained once; their machine-hours are "
                 "counted there); 2 of 8 planned runs recorded" in text)
 

@@ -29,6 +29,8 @@ def test_results_json(finished_run):
     for key in ("test_bleu", "valid_bleu", "valid_loss", "params", "train_tokens_per_s", "wall_s"):
         assert isinstance(saved[key], (int, float)), key
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    import os, platform
+    assert saved["device"] == f"cpu: {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     assert saved["params"] == results["params"] > 0
     # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
     # once the best checkpoint's wall time plus the whole run's)

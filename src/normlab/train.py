@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ import dataclasses
 
 import hydra
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
@@ -89,6 +91,15 @@ def _plugins() -> list:
     if SLURMEnvironment.detect():  # requeue is ours (callbacks/preemption.py), after an exact checkpoint
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
+
+
+def device_text(trainer) -> str:
+    """What trained the run, for results.json and the studies' cost lines: e.g. "cpu: x86_64, 2
+    cores, 2 threads" or "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
+    dev = trainer.strategy.root_device
+    what = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+            else f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -200,7 +211,8 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     finally:
         if results["status"] == Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
             results["status"] = Status.INTERRUPTED.value
-        results.update(steps=trainer.global_step, train_tokens_per_s=round(module.train_tokens_per_s, 1),
+        results.update(steps=trainer.global_step, device=device_text(trainer),
+                       train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
             results["compile_s"] = round(module.compile_seconds, 1)

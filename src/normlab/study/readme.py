@@ -53,7 +53,9 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
     hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600
              / max(1, int((r.results.get("study") or {}).get("jobs") or 1)) for r in own}
+    devices = sorted({str(r.results.get("device") or "device not recorded") for r in own})
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
+            "devices": devices,
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
 
 
@@ -107,7 +109,8 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
                else f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps")
     lines += ["## Cost", "",
               f"{runs_of}, "
-              f"{c['machine_hours']:.2f} machine-hours on this machine (the runs' wall times, each divided by "
+              f"{c['machine_hours']:.2f} machine-hours ({'; '.join(c.get('devices') or ['device not recorded'])}: "
+              "the runs' wall times, each divided by "
               f"the runs that trained beside it; seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.seeds))} planned" if c["seeds"] != sorted(study.seeds) else "")
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
