@@ -134,6 +134,7 @@ SCHEMES = {
     "mix, DWA": {"norm": {"placement": "mix", "mix_ratio": 0.5}, "layer_aggregation": "dwa"},
     "pre_scaled, derf": {"norm": {"placement": "pre_scaled", "type": "derf"}},
     "hybrid": {"norm": {"placement": "hybrid"}},
+    "hybrid_star": {"norm": {"placement": "hybrid_star"}},
     "reordered": {"norm": {"placement": "reordered"}},
     "hyper dynamic, l2 QK-norm": {"norm": {"placement": "pre"}, "residual": "hyper", "residual_mixing": "dynamic",
                                   "qk_norm": "l2"},

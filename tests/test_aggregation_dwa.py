@@ -25,7 +25,8 @@ def test_weights_start_as_the_identity():
 
 
 @pytest.mark.parametrize("placement, stacks", [("pre", "both"), ("post", "encoder"), ("deepnorm", "decoder"),
-                                               ("sandwich", "both"), ("mix", "both"), ("hybrid", "both")])
+                                               ("sandwich", "both"), ("mix", "both"), ("hybrid", "both"),
+                                               ("hybrid_star", "decoder")])
 def test_an_untrained_dwa_model_is_the_model_without_aggregation(placement, stacks):
     kw = dict(norm={"placement": placement, **({"mix_ratio": 0.5} if placement == "mix" else {})})
     plain = built(**kw)

@@ -80,6 +80,8 @@ VARIANTS = {
     "hybrid-rmsnorm-layerdrop": dict(norm={"placement": "hybrid", "type": "rmsnorm"},
                                      regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "hybrid-value_residual": dict(norm={"placement": "hybrid"}, value_residual=True),
+    "hybrid_star-layerdrop": dict(norm={"placement": "hybrid_star"},
+                                  regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "b2t-layerdrop": dict(norm={"placement": "b2t"}, regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "dlcl-pre": dict(norm={"placement": "pre"}, layer_aggregation="dlcl"),
     "dlcl-post-decoder": dict(layer_aggregation="dlcl", layer_aggregation_stacks="decoder"),

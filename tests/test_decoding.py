@@ -27,7 +27,8 @@ VARIANTS = [
     dict(norm={"placement": "pre", "type": "scalenorm", "fixnorm": True}),
     dict(decoder_d_model=24, decoder_heads=3, share_embeddings=False, learned_positions=True),
 ]
-HYBRID = [dict(norm={"placement": "hybrid"}, decoder_d_model=24, decoder_heads=3, share_embeddings=False)]  # QKV-norm
+HYBRID = [dict(norm={"placement": placement}, decoder_d_model=24, decoder_heads=3, share_embeddings=False)
+          for placement in ("hybrid", "hybrid_star")]  # QKV-norm; HybridNorm*'s pre-norm first layer
 
 
 @pytest.mark.parametrize("kw", VARIANTS + HYBRID)

@@ -89,6 +89,7 @@ ARMS = {"deepnorm": {"norm": {"placement": "deepnorm"}}, "subln": {"norm": {"pla
         "b2t": {"norm": {"placement": "b2t"}}, "reordered": {"norm": {"placement": "reordered"}},
         "pre_scaled": {"norm": {"placement": "pre_scaled"}}, "mix": {"norm": {"placement": "mix", "mix_ratio": 0.5}},
         "hybrid": {"norm": {"placement": "hybrid", "type": "scalenorm"}},
+        "hybrid_star": {"norm": {"placement": "hybrid_star", "type": "scalenorm"}},
         "derf_qk_value_residual": {"norm": {"placement": "pre", "type": "derf"}, "qk_norm": "l2",
                                    "qk_norm_scale_init": 3.0, "value_residual": True},
         "hyper": {"norm": {"placement": "pre"}, "residual": "hyper", "residual_mixing": "dynamic"},
@@ -124,6 +125,9 @@ def test_diagnostics_and_probe_see_every_block_of_every_scheme(arm):
     if arm == "hybrid":  # the attention blocks' norms are inside the attention (QKV-norm): g on the FFNs'
         assert {k.split("/")[1] for k in stats if k.endswith("/g")} == {n for n in names if n.endswith("ffn")} | {
             "enc.final", "dec.final"}
+    if arm == "hybrid_star":  # the first layer's attentions are pre-norm: their input norms have a g too
+        assert {k.split("/")[1] for k in stats if k.endswith("/g")} == {
+            n for n in names if n.endswith("ffn") or ".0." in n} | {"enc.final", "dec.final"}
     if arm == "derf_qk_value_residual":
         assert (stats["diag/enc.0.ffn/derf_alpha"], stats["diag/enc.0.ffn/derf_shift"]) == (0.5, 0.0)
         assert [stats[f"diag/{n}/qk_g"] for n in names if "attn" in n] == [3.0] * (2 + 2 * 2)

@@ -157,7 +157,7 @@ def test_norm_options(option, expected):
     assert (post.type, post.placement, post.fixnorm) == (expected[0], "post", expected[2])
 
 
-@pytest.mark.parametrize("option", ["b2t", "reordered", "pre_scaled", "mix", "hybrid"])
+@pytest.mark.parametrize("option", ["b2t", "reordered", "pre_scaled", "mix", "hybrid", "hybrid_star"])
 def test_a_scheme_of_2023_2025_trains_end_to_end(option, small_corpus, tmp_path_factory):
     # norm=<name> composes, trains a few steps, validates and checkpoints (issue 20, item 2)
     run_dir, ov = overrides(small_corpus, tmp_path_factory, f"norm={option}", "trainer.max_steps=4")

@@ -200,6 +200,7 @@ NEW_LABELS = {
     ("pre_scaled", "layernorm", False): "pre_scaled", ("pre_scaled", "rmsnorm", False): "pre_scaled_rmsnorm",
     ("mix", "layernorm", False): "mix", ("mix", "rmsnorm", False): "mix_rmsnorm",
     ("hybrid", "layernorm", False): "hybrid", ("hybrid", "rmsnorm", False): "hybrid_rmsnorm",
+    ("hybrid_star", "layernorm", False): "hybrid_star", ("hybrid_star", "rmsnorm", False): "hybrid_star_rmsnorm",
 }
 
 

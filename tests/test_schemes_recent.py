@@ -21,7 +21,7 @@ from normlab.regularizers.pruning import prune
 from test_arms import batch, norm, randomise_, tiny
 
 D = 8
-NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}, "mix": {}, "hybrid": {}}  # placement -> extra norm settings of the model-level tests
+NEW = {"b2t": {}, "reordered": {}, "pre_scaled": {}, "mix": {}, "hybrid": {}, "hybrid_star": {}}  # placement -> extra norm settings of the model-level tests
 
 
 def block(placement: str, f: nn.Module, n: nn.Module, **state) -> ResidualBlock:
@@ -210,6 +210,72 @@ def test_hybrid_cache_holds_normalised_keys_and_values_and_decodes_exactly():
         torch.testing.assert_close(state["v"], attn.qkv_norm.v_norm(attn._split(attn.v_proj(source))))
 
 
+# ---- HybridNorm* (Zhuo et al. 2025; the authors' norm_pos_special_config) ---------------------------
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
+def test_hybrid_star_first_layer_is_pre_norm_with_qkv_norm_and_the_others_hybridnorm(norm_type):
+    # Layer 0 (authors' code: attn_norm, no ffn_residual, QKV-norm model-wide): h = x + Attn_QKV(N(x)),
+    # out = h + FFN(N(h)); layer 1: HybridNorm's h = N(x + Attn_QKV(x)), out = h + FFN(h).
+    cfg = model_cfg("hybrid_star", d_model=D, decoder_d_model=D, norm={"type": norm_type})
+    x, memory, y = fixed(5, 2, 4, D), fixed(6, 2, 4, D), fixed(7, 2, 3, D)
+    pad = torch.tensor([[False] * 4, [False, False, False, True]])
+    torch.manual_seed(0)
+    enc0, enc1 = (randomise_(EncoderLayer(cfg, D, 2, 12, index=i)).eval() for i in (0, 1))
+    attn, ffn = residuals(enc0)
+    assert isinstance(attn.norm, nn.LayerNorm if norm_type == "layernorm" else RMSNorm)
+    assert isinstance(attn.sublayer.qkv_norm, QKVNorm)
+    h = x + attention_by_hand(attn.sublayer, attn.norm(x), pad=pad)
+    torch.testing.assert_close(enc0(x, pad), h + ffn_by_hand(ffn.sublayer, ffn.norm(h)))
+    attn, ffn = residuals(enc1)
+    assert isinstance(attn.norm, nn.Identity)
+    h = ffn.norm(x + attention_by_hand(attn.sublayer, x, pad=pad))
+    torch.testing.assert_close(enc1(x, pad), h + ffn_by_hand(ffn.sublayer, h))
+    dec0, dec1 = (randomise_(DecoderLayer(cfg, D, 2, 12, memory_dim=D, index=i)).eval() for i in (0, 1))
+    self_attn, cross, ffn = residuals(dec0)
+    h = y + attention_by_hand(self_attn.sublayer, self_attn.norm(y), causal=True)
+    h = h + attention_by_hand(cross.sublayer, cross.norm(h), memory, pad=pad)
+    torch.testing.assert_close(dec0(y, memory, pad), h + ffn_by_hand(ffn.sublayer, ffn.norm(h)))
+    self_attn, cross, ffn = residuals(dec1)
+    h = y + attention_by_hand(self_attn.sublayer, y, causal=True)
+    h = ffn.norm(h + attention_by_hand(cross.sublayer, h, memory, pad=pad))
+    torch.testing.assert_close(dec1(y, memory, pad), h + ffn_by_hand(ffn.sublayer, h))
+
+
+def test_hybrid_star_with_one_layer_per_stack_is_pre_norm_with_qkv_norm():
+    # the limit case: every layer is the first, so no block is HybridNorm's; the same weights in a
+    # pre-norm model whose attentions carry the same QKV norms compute the same
+    src, tgt = batch()
+    torch.manual_seed(0)
+    star = randomise_(Seq2SeqTransformer(model_cfg("hybrid_star", encoder_layers=1, decoder_layers=1))).eval()
+    pre = Seq2SeqTransformer(model_cfg("pre", encoder_layers=1, decoder_layers=1)).eval()
+    for a, b in zip(star.modules(), pre.modules()):
+        if isinstance(a, MultiheadAttention):
+            b.qkv_norm = a.qkv_norm
+    pre.load_state_dict(star.state_dict(), strict=False)
+    assert torch.equal(star(src, tgt), pre(src, tgt))
+
+
+def test_hybrid_star_input_norms_only_in_each_stacks_first_layer_and_every_parameter_trains():
+    m = Seq2SeqTransformer(model_cfg("hybrid_star", encoder_layers=3, decoder_layers=2, norm={"type": "rmsnorm"}))
+    assert sorted(k for k in m.state_dict() if k.endswith("attn.norm.weight")) == [
+        "decoder.layers.0.cross_attn.norm.weight", "decoder.layers.0.self_attn.norm.weight",
+        "encoder.layers.0.self_attn.norm.weight"]
+    assert [[b.pre_norm_layer for b in residuals(l)] for l in m.encoder.layers] == [[True] * 2, [False] * 2, [False] * 2]
+    assert type(m.encoder.final_norm) is type(m.decoder.final_norm) is RMSNorm
+    src, tgt = batch()
+    m(src, tgt).logsumexp(-1).mean().backward()
+    assert [n for n, p in m.named_parameters() if p.grad is None] == []  # no unused norm (DDP)
+
+
+def test_hybrid_star_pruned_without_its_first_layer_reloads_as_it_was_pruned(tmp_path):
+    # the rebuilt stack's new first layer gets the input norm; the saved one (old layer 1) has none
+    torch.manual_seed(0)
+    m = randomise_(Seq2SeqTransformer(model_cfg("hybrid_star", encoder_layers=4, decoder_layers=4))).eval()
+    loaded = check_pruned_is_skipped(m, *batch(), tmp_path, keep_e=(1, 3), keep_d=(0, 2))
+    first_enc, first_dec = loaded.encoder.layers[0], loaded.decoder.layers[0]
+    assert isinstance(first_enc.self_attn.norm, nn.Identity) and not first_enc.ffn.pre_norm_layer
+    assert isinstance(first_dec.cross_attn.norm, nn.LayerNorm) and first_dec.ffn.pre_norm_layer
+
+
 def test_other_placements_have_no_qkv_norm():
     m = Seq2SeqTransformer(model_cfg("pre", qk_norm="rms"))
     assert all(a.qkv_norm is None for a in m.modules() if isinstance(a, MultiheadAttention))
@@ -237,7 +303,11 @@ REFUSED = [("b2t", dict(init="admin"), "init: admin with norm.placement=b2t"),
            ("hybrid", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=hybrid"),
            ("hybrid", dict(qk_norm="rms"), "model.qk_norm: rms with norm.placement=hybrid"),
            ("hybrid", dict(qk_norm="l2"), "model.qk_norm: l2 with norm.placement=hybrid"),
-           ("hybrid", dict(norm={"type": "none"}), "norm.type: none with norm.placement=hybrid")]
+           ("hybrid", dict(norm={"type": "none"}), "norm.type: none with norm.placement=hybrid"),
+           ("hybrid_star", dict(init="admin"), "init: admin with norm.placement=hybrid_star"),
+           ("hybrid_star", dict(layer_aggregation="dlcl"), "model.layer_aggregation: dlcl with norm.placement=hybrid_star"),
+           ("hybrid_star", dict(qk_norm="l2"), "model.qk_norm: l2 with norm.placement=hybrid_star"),
+           ("hybrid_star", dict(norm={"mix_ratio": 0.5}), "norm.mix_ratio: 0.5 with norm.placement=hybrid_star")]
 
 
 @pytest.mark.parametrize("placement, kw, message", REFUSED)

@@ -31,8 +31,18 @@ class ScaleNorm(nn.Module):
         return f"d={self.d}, eps={self.eps}"
 
 
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32 if it is fp16 or bf16, else x itself: where a norm computes its statistics. fp16's
+    largest value is 65504, so x² overflows from |x| = 256 on (the residual stream that HybridNorm's
+    QKV-norm reads gets there), and an ε of 1e-12 is 0 in fp16; bf16 keeps 8 bits of mantissa. The
+    norm rounds its result to x's dtype once, at the end, as OLMo's and HF Llama's RMSNorm do
+    (tests/test_qk_norm_precision.py); fp32 and fp64 inputs are computed exactly as without it."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class RMSNorm(nn.Module):
     # Zhang & Sennrich 2019: x / sqrt(mean(x²) + ε) · w — LayerNorm without re-centring or bias.
+    # The statistics in fp32 for fp16 / bf16 inputs (widened), the gain in the input's dtype after.
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
         self.d = d
@@ -40,7 +50,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        w = widened(x)
+        return (w * torch.rsqrt(w.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
     def extra_repr(self) -> str:
         return f"d={self.d}, eps={self.eps}"

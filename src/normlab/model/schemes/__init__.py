@@ -21,6 +21,8 @@ mix       (Li et al. 2025, Mix-LN)    post in the first ⌊αL⌋ layers of each
                                       others (α = norm.mix_ratio, 0.25), + a final N per stack
 hybrid    (Zhuo et al. 2025,          attention: x = x + drop(Attn(x)), q, k, v each normalised inside
            HybridNorm)                (per head); FFN: x = N(x) + drop(F(N(x))); + a final N per stack
+hybrid_star (Zhuo et al. 2025,        x = x + drop(F(N(x))) (pre-norm, QKV-norm kept) in the first layer
+           HybridNorm*)               of each stack, hybrid in the others; + a final N per stack
 
 A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
 the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
@@ -33,10 +35,10 @@ the order of the choice list), its conf/norm file and its tests.
 from normlab.model.schemes.base import MIX_RATIO, SCHEMES, Scheme, get_scheme
 from normlab.model.schemes.classic import (DeepNorm, DualStreamInput, DualStreamOutput, Post, Pre, ReZero,
                                            ResiDual, Sandwich, SubLN, deepnorm_constants, subln_gains)
-from normlab.model.schemes.recent import B2T, Hybrid, Mix, PreScaled, Reordered, post_norm_layers
+from normlab.model.schemes.recent import B2T, Hybrid, HybridStar, Mix, PreScaled, Reordered, post_norm_layers
 
 PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices, in the order the modules register
 
 __all__ = ["MIX_RATIO", "PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
            "ResiDual", "DualStreamInput", "DualStreamOutput", "deepnorm_constants", "subln_gains", "B2T",
-           "Reordered", "PreScaled", "Mix", "Hybrid", "post_norm_layers"]
+           "Reordered", "PreScaled", "Mix", "Hybrid", "HybridStar", "post_norm_layers"]

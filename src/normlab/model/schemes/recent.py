@@ -1,8 +1,9 @@
-"""The schemes of 2023-2025: B2T, Mix-LN, LayerNorm Scaling, reordered norm, HybridNorm (formulas in
-the package docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order is the
+"""The schemes of 2023-2025: B2T, Mix-LN, LayerNorm Scaling, reordered norm, HybridNorm and HybridNorm*
+(formulas in the package docstring; /work/shared/papers.md, "2023-2026 schemes"). The registration order is the
 norm.placement choice order, after the classic ones."""
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -79,10 +80,18 @@ def post_norm_layers(mix_ratio: float, n_layers: int) -> int:
     return math.floor(Fraction(repr(mix_ratio)) * n_layers)
 
 
-def _read_post_norm(block, incompatible_keys=None) -> None:
-    # The block's choice as a Python bool (no device sync per forward), refreshed from the buffer
-    # whenever a state dict is loaded: a checkpoint's layers keep the choice they trained with.
-    block.post_norm_layer = bool(block.post_norm)
+def _read_flag(block, incompatible_keys=None, *, name: str) -> None:
+    # The block's choice as a Python bool `<name>_layer` (no device sync per forward), refreshed from
+    # the buffer whenever a state dict is loaded: a checkpoint's layers keep the choice they trained with.
+    setattr(block, f"{name}_layer", bool(getattr(block, name)))
+
+
+def add_layer_flag(block, name: str, value: bool) -> None:
+    """A per-layer choice of the scheme as a persistent bool buffer `name` (pruning and checkpoints
+    keep it) and its Python copy `<name>_layer`, which the forward reads."""
+    block.register_buffer(name, torch.tensor(bool(value)))
+    block.register_load_state_dict_post_hook(functools.partial(_read_flag, name=name))
+    _read_flag(block, name=name)
 
 
 class Mix(Scheme):
@@ -104,12 +113,15 @@ class Mix(Scheme):
         return {"post_norm": layer < post_norm_layers(cfg.norm.mix_ratio, getattr(cfg, f"{stack}_layers"))}
 
     def add_state(self, block, alpha, post_norm=False, **state):
-        block.register_buffer("post_norm", torch.tensor(bool(post_norm)))
-        block.register_load_state_dict_post_hook(_read_post_norm)
-        _read_post_norm(block)
+        add_layer_flag(block, "post_norm", post_norm)
 
     def forward(self, block, x, *args, **kwargs):
         return SCHEMES["post" if block.post_norm_layer else "pre"].forward(block, x, *args, **kwargs)
+
+
+def _is_attention(block) -> bool:
+    # HybridNorm's attention blocks: their sub-layer holds the QKV-norm (inner_norm below)
+    return getattr(block.sublayer, "qkv_norm", None) is not None
 
 
 class Hybrid(Scheme):
@@ -124,9 +136,9 @@ class Hybrid(Scheme):
     attention.py, as the authors'), one of norm.type each for q, k and v, in self- and cross-attention
     alike (the paper's decoder-only model has no cross-attention: its keys and values, from the
     encoder, are normalised as a self-attention's). A decoder layer: x + SelfAttn, + CrossAttn, then N
-    and the FFN. The stack's output h + FFN(h) is un-normalised, hence the final N. Not HybridNorm*
-    (the paper's variant whose first layer is pre-norm: norm_pos_special_config {0: attn_norm, no
-    ffn_residual}). An attention block's own norm is the identity: its sub-layer normalises its inputs."""
+    and the FFN. The stack's output h + FFN(h) is un-normalised, hence the final N. HybridNorm*, the
+    paper's variant with a pre-norm first layer, is HybridStar below. An attention block's own norm
+    is the identity: its sub-layer normalises its inputs."""
     name, paper = "hybrid", "Zhuo et al. 2025, HybridNorm"
     final_n = True  # h + FFN(h) leaves the stream un-normalised (OLMo's final ln_f)
     # DLCL's pre form normalises layer outputs, its post form their combination: HybridNorm
@@ -134,7 +146,7 @@ class Hybrid(Scheme):
     no_dlcl = "HybridNorm's norm sits inside the layer, before the FFN, DLCL's at the layers' outputs; choose one"
 
     def add_state(self, block, alpha, **state):
-        if getattr(block.sublayer, "qkv_norm", None) is not None:
+        if _is_attention(block):
             block.norm = nn.Identity()  # an attention: N(x) = x, its q, k and v are normalised inside
 
     def forward(self, block, x, *args, **kwargs):
@@ -146,6 +158,50 @@ class Hybrid(Scheme):
 
     def model_refusal(self, cfg):
         if cfg.qk_norm != "none":
-            return ("model.qk_norm", f"{cfg.qk_norm} with norm.placement=hybrid: HybridNorm's QKV-norm already "
+            return ("model.qk_norm", f"{cfg.qk_norm} with norm.placement={self.name}: HybridNorm's QKV-norm already "
                     "normalises q and k in every attention; leave model.qk_norm=none")
         return super().model_refusal(cfg)
+
+
+def _drop_unsaved_input_norm(block, state_dict, prefix, *args) -> None:
+    # Loading a pruned HybridNorm* model whose stack lost its first layer: rebuilt from its ModelConfig,
+    # the stack's new first layer has the pre-norm attention input norm, but the saved block is a
+    # later HybridNorm layer without one (pre_norm false). It is removed before the weights load, so
+    # the model is the one that was pruned (strict load). The opposite cannot arise: pruning keeps the
+    # order, so a kept first layer stays first.
+    saved = state_dict.get(prefix + "pre_norm")
+    if saved is not None and not bool(saved) and _is_attention(block):
+        block.norm = nn.Identity()
+
+
+class HybridStar(Hybrid):
+    """x = x + drop(F(N(x))) for every sub-layer of the first layer of each stack (pre-norm, the
+    attention's q, k and v still normalised inside it), HybridNorm (above) in the others, and a
+    final N per stack: HybridNorm* (Zhuo et al. 2025, arXiv 2503.04598), the paper's variant that
+    treats the first block specially. Defined by the authors' code (BryceZhuo/HybridNorm, README:
+    HybridNorm's config plus norm_pos_special_config "{0: {'attn_norm': True, 'ffn_residual':
+    False}}"; dense_model/olmo/model.py, OLMoSequentialBlock): in block 0, attn_norm = True puts a
+    norm on the attention's input with the skip from the un-normalised x (attn_residual stays
+    false), h = x + Attn_QKV(N(x)); ffn_residual = False takes the FFN's skip from before its norm,
+    out = h + FFN(N(h)). use_query/key/value_norm are model-wide, not per block, so the first
+    block's attention keeps its QKV-norm. The paper's §3 text was not readable here (only its
+    abstract); we follow the code. The paper's model is decoder-only; here the first layer of each
+    stack is pre-norm (layers counted per stack, as Mix-LN and LayerNorm Scaling do), its self- and
+    cross-attention alike. Each block stores its choice in a persistent buffer (`pre_norm`), so a
+    pruned model keeps the layers it trained; only first-layer attention blocks have an input norm,
+    so every parameter trains (DDP)."""
+    name, paper = "hybrid_star", "Zhuo et al. 2025, HybridNorm*"
+
+    def block_options(self, cfg, d, stack, layer):
+        return {"pre_norm": layer == 0}
+
+    def add_state(self, block, alpha, pre_norm=False, **state):
+        add_layer_flag(block, "pre_norm", pre_norm)
+        if not pre_norm:
+            super().add_state(block, alpha)
+        block.register_load_state_dict_pre_hook(_drop_unsaved_input_norm)
+
+    def forward(self, block, x, *args, **kwargs):
+        if block.pre_norm_layer:
+            return SCHEMES["pre"].forward(block, x, *args, **kwargs)
+        return super().forward(block, x, *args, **kwargs)
