@@ -6,8 +6,9 @@
 A stalled run (callbacks/stall.py) used to be scored like any other: its test set decoded with beam 4
 to the length cap (|src| + 50) or until 4 hypotheses ended, which for a model at its input-independent
 floor took minutes (deep_bleu's stalled post-LN seed 2: ~252 s of its 1,146 s) for a BLEU of 0. Now
-its test pass scores the teacher-forced loss only (final_test.py); its valid pass still decodes (the
-best checkpoint and sweepers read valid BLEU). This script times the test pass both ways, taking
+its test pass scores the teacher-forced loss only (final_test.py), as do its valid passes and the
+validations while a stall is held (benchmarks/stalled_arm.py times the whole arm). This script times
+the test pass both ways, taking
 turns on the same batches (spread over the split's length order: evaluation batches are sorted by
 length), on a random-init model of deep_bleu's post-LN shape, whose hypotheses run to the cap (the
 share is printed), 1 thread as a study job has. "Before" is the loss and the decode, as the old pass

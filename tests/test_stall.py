@@ -40,6 +40,10 @@ def test_criterion_on_curves():
     floor, kw = 6.5, dict(window=10, patience=20, margin=0.25, min_delta=0.05)
     flat_high = [6.6 + 0.01 * (-1) ** i for i in range(40)]
     assert "flat at 6.6" in is_stalled(flat_high, floor, **kw)
+    rising = [6.60] * 20 + [6.63] * 20  # up 0.03: the change is printed with its sign
+    assert "flat at 6.630 (+0.030 in 20 steps)" in is_stalled(rising, floor, **kw)
+    easing = [6.63] * 20 + [6.61] * 20
+    assert "(-0.020 in 20 steps)" in is_stalled(easing, floor, **kw)
     falling = [8.0 - 0.05 * i for i in range(40)]  # above the floor but still learning
     assert is_stalled(falling, floor, **kw) is None
     converged = [5.7] * 40  # flat, far below the floor: a converged peer
