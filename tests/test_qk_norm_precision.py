@@ -11,7 +11,7 @@ import torch
 
 from normlab.config import NormConfig
 from normlab.model.attention import L2QKNorm, MultiheadAttention, QKVNorm, RMSQKNorm
-from normlab.model.norms import RMSNorm
+from normlab.model.norms import RMSNorm, ScaleNorm
 
 G0 = 11.98  # Henry et al.'s g₀ = log₂(L² − L) at L = 64, deep_recent's QK-norm arm
 DH = 16
@@ -23,7 +23,13 @@ def fixed(scale: float, *shape: int) -> torch.Tensor:
 
 
 NORMS = {"l2_query": (lambda: L2QKNorm(G0), "query"), "l2_key": (lambda: L2QKNorm(G0), "key"),
-         "rms": (lambda: RMSNorm(DH, 1e-5), "forward")}
+         "rms": (lambda: _gain(RMSNorm(DH, 1e-5)), "forward"), "scalenorm": (lambda: ScaleNorm(512), "forward")}
+
+
+def _gain(norm):  # a gain that is not all ones, so its rounding counts too
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, norm.weight.numel()))
+    return norm
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -63,13 +69,14 @@ def test_attention_output_in_low_precision_matches_fp32(kind, scale, dtype):
     # sum and the output projection round a few more times: (2L + 4)·eps of the output's scale. fp16:
     # 0.027 (l2), 0.012 (rms); bf16 0.22 and 0.094. Computed in fp16 the RMS statistics overflow at
     # this scale and the error is ~0.8 of the output.
-    bound = G0 if kind == "l2" else (64 // 4) ** 0.5
+    # That worst case is loose: measured ≤ 1.0·eps on these fixed inputs (review), so the test holds
+    # them to 4·eps, well under the worst case, which the old in-dtype computation exceeds at 1e3.
     eps = torch.finfo(dtype).eps
     low = copy.deepcopy(m).to(dtype)
     for out, want in ((low(x.to(dtype)), ref), (low(x.to(dtype), memory.to(dtype)), ref_cross)):
         assert out.dtype == dtype
         err = (out.float() - want).abs().max() / want.abs().max()
-        assert err < (2 * bound + 4) * eps, err
+        assert err < 4 * eps, err
     with torch.autocast("cpu", dtype=dtype):
         out = m(x)
-    assert ((out.float() - ref).abs().max() / ref.abs().max()) < (2 * bound + 4) * eps
+    assert ((out.float() - ref).abs().max() / ref.abs().max()) < 4 * eps

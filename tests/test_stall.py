@@ -162,3 +162,28 @@ def test_a_stall_stop_at_the_first_validation_completes_as_stalled(small_corpus,
     assert res["checkpoint"].endswith("best-step20.ckpt")
     rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r.get("valid/loss")]
     assert len(rows) == 1 and not rows[0].get("valid/bleu")  # its one validation decoded nothing
+
+
+def test_a_stall_held_at_the_last_check_but_not_at_the_end_decodes_again():
+    """Training can end between checks while a stall is held (max_steps not a multiple of the window):
+    when the end decides no stall, the run completed and its final valid pass must decode (review)."""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.stall import StallGuard
+
+    guard = StallGuard(window=2, patience=2, stop_after=100)
+    module = SimpleNamespace(decode_valid=False)
+    module.hold_stall = lambda held: setattr(module, "decode_valid", not held)  # Seq2SeqModule's
+    guard.detected, guard.counts = 10, torch.zeros(4)
+    guard._decide = lambda trainer, m: None  # the end's check: no stall
+    guard.on_train_end(SimpleNamespace(), module)
+    assert guard.detected is None and module.decode_valid is True and guard.outcome.running
+
+
+def test_the_optuna_objective_of_a_stalled_run_is_zero_bleu():
+    from normlab.commands.train import objective
+
+    assert objective({"status": "stalled", "valid_bleu": None}) == 0.0
+    assert objective({"status": "stalled", "valid_bleu": 0.1}) == 0.1  # a record decoded before the rule
+    assert objective({"status": "completed", "valid_bleu": 21.5}) == 21.5
+    assert objective({"status": "diverged", "valid_bleu": None}) is None  # a failed trial

@@ -199,7 +199,8 @@ class StepProgressBar(TQDMProgressBar):
         tps = getattr(pl_module, "train_tokens_per_s", 0.0)
         if tps:
             out["tok/s"] = f"{tps:,.0f}"
-        if "valid/bleu" in m:
+        if "valid/bleu" in m and getattr(pl_module, "decode_valid", True):  # not a stale one while a
+            # stall is held and validation scores the loss only (callbacks/stall.py)
             out["valid bleu"] = f"{m['valid/bleu']:.2f}"
         return out
 

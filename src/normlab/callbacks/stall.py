@@ -199,6 +199,9 @@ class StallGuard(L.Callback):
         stall = self._decide(trainer, pl_module)
         if stall is not None:
             self._mark(pl_module, stall)
+        else:  # a stall held at the last check but not at the end (training ended between checks):
+            self.detected = None  # the run completed, and its final valid pass decodes (review)
+            self._hold(pl_module)
 
     def state_dict(self) -> dict:
         return {"losses": [float(x) for x in self.losses],

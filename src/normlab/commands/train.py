@@ -76,7 +76,17 @@ def task(cfg: DictConfig) -> float | None:
         if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
             _failed.append(err)
         return None
-    return results.get("valid_bleu")  # the value an Optuna sweeper maximises (None: a failed trial)
+    return objective(results)
+
+
+def objective(results: dict) -> float | None:
+    """The value an Optuna sweeper maximises: valid BLEU (None: a failed trial). A stalled run is scored
+    by its loss only (final_test.py): 0.0, the BLEU a model at its input-independent floor decodes to
+    (every stalled study record that was decoded: 0.0), so TPE learns that its settings fail rather
+    than leaving the trial out as failed."""
+    if results.get("status") == "stalled" and results.get("valid_bleu") is None:
+        return 0.0
+    return results.get("valid_bleu")
 
 
 def discard_if_untouched(run_dir: Path, job_name: str) -> bool:

@@ -24,8 +24,9 @@ class ScaleNorm(nn.Module):
         self.g = nn.Parameter(torch.tensor(math.sqrt(d) if scale_init is None else float(scale_init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps)
-        return self.g * x / norm
+        w = widened(x)  # fp16: ‖x‖ passes 65504 from |x| ≈ 2900 at d 512 (NaN out; review)
+        norm = torch.linalg.vector_norm(w, dim=-1, keepdim=True).clamp(min=self.eps)
+        return (self.g * w / norm).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"d={self.d}, eps={self.eps}"
@@ -42,7 +43,7 @@ def widened(x: torch.Tensor) -> torch.Tensor:
 
 class RMSNorm(nn.Module):
     # Zhang & Sennrich 2019: x / sqrt(mean(x²) + ε) · w — LayerNorm without re-centring or bias.
-    # The statistics in fp32 for fp16 / bf16 inputs (widened), the gain in the input's dtype after.
+    # In fp32 for fp16 / bf16 inputs (widened), the gain included, then rounded once to x's dtype.
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
         self.d = d
@@ -51,7 +52,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = widened(x)
-        return (w * torch.rsqrt(w.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return (w * torch.rsqrt(w.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"d={self.d}, eps={self.eps}"

@@ -73,13 +73,13 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
             continue
         # fewest seeds that failed to train first: a stalled run has no valid BLEU (final_test.py),
         # and a mean over the seeds that trained must not put a setting that stalls on one seed first
-        failed = sum(r.status in FAILED_TO_TRAIN for r in runs)
-        v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))
+        failed = sum(r.status in FAILED_TO_TRAIN for r in runs) / len(runs)  # a rate: seeds still to run
+        v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))  # favour no candidate
         if best_value is None or v > best_value:
             best, best_value = arm, v
     if best is None:
         return group["arms"][0], f"{side}: no candidate scored"
-    return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by})"
+    return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by}, fewest seeds that failed to train first)"
 
 
 def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None) -> list[Verdict]:

@@ -53,7 +53,7 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
     hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600
              / max(1, int((r.results.get("study") or {}).get("jobs") or 1)) for r in own}
-    devices = sorted({str(r.results.get("device") or "device not recorded") for r in own})
+    devices = sorted({str(r.results.get("device") or "device not recorded") for r in recs})  # shared ones too
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
             "devices": devices,
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
@@ -253,7 +253,8 @@ def cost_table(folder: Path) -> list[str]:
         return []
     total_runs, total_hours = len(total), sum(total.values())
     return ["## What the studies cost", "",
-            "Machine-hours of this 2-core machine: each run's wall time divided by the runs that trained beside it.", "",
+            "Machine-hours: each run's wall time divided by the runs that trained beside it (each study's Cost "
+            "line names the devices its runs recorded).", "",
             "| study | runs recorded (of planned) | steps | machine-hours |", "|---|---|---|---:|", *rows,
             f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
             f"**{total_hours:.2f}** |"]
