@@ -286,7 +286,10 @@ def test_a_crashed_then_continued_run_logs_each_step_once_to_wandb(small_corpus,
         with pytest.raises(RuntimeError, match="boom"):
             run(compose_cfg(args))
     first, _, _ = wandb_history(tmp_path / "run")
-    assert max(r["trainer/global_step"] for r in first if "train/loss" in r) == 13
+    # through step 13, or 12 when the crash lands before W&B's writer has the last row (seen twice
+    # in CI-like runs under load); past the checkpoint's 10 either way, so the legs overlap and the
+    # each-step-once check below means something
+    assert 11 <= max(r["trainer/global_step"] for r in first if "train/loss" in r) <= 13
     assert max(s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")) == 10
     results = run(compose_cfg(args))  # the same command again: continues from step 10
     rows, summary, exits = wandb_history(tmp_path / "run")
