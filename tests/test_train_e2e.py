@@ -30,7 +30,8 @@ def test_results_json(finished_run):
         assert isinstance(saved[key], (int, float)), key
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     import os, platform
-    assert saved["device"] == f"cpu: {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    assert saved["device"] == f"cpu: {platform.machine()}, {os.cpu_count()} cores, {n} thread{'s' * (n != 1)}"
     assert saved["params"] == results["params"] > 0
     # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
     # once the best checkpoint's wall time plus the whole run's)

@@ -98,7 +98,8 @@ def device_text(trainer) -> str:
     cores, 2 threads" or "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
     dev = trainer.strategy.root_device
     what = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-            else f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+            else f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} thread"
+                 + ("s" if torch.get_num_threads() != 1 else ""))
     return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
 
 
