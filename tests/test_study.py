@@ -171,11 +171,11 @@ def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
     from normlab.study.readme import cost
 
     out = tmp_path / "out"
-    record(out, "a", 1, wall_s=3600.0, device="cpu: x86_64, 2 cores, 1 threads", study={"jobs": 2})
+    record(out, "a", 1, wall_s=3600.0, device="cpu: x86_64, 2 cores, 1 thread", study={"jobs": 2})
     record(out, "a", 2, wall_s=1800.0, device="cuda: NVIDIA A100 x 2")
     record(out, "b1", 1, wall_s=360.0)  # a record from before results.json named the device
     c = cost(load_records(out))
-    assert c["devices"] == ["cpu: x86_64, 2 cores, 1 threads", "cuda: NVIDIA A100 x 2", "device not recorded"]
+    assert c["devices"] == ["cpu: x86_64, 2 cores, 1 thread", "cuda: NVIDIA A100 x 2", "device not recorded"]
     assert abs(c["machine_hours"] - (0.5 + 0.5 + 0.1)) < 1e-9  # the 2-job run counts half its wall time
 
 
