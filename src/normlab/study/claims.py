@@ -71,10 +71,12 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
         values = [r.metric(by) for r in runs if r.status in SCORED and r.metric(by) is not None]
         if not values:
             continue
-        # fewest seeds that failed to train first: a stalled run has no valid BLEU (final_test.py),
-        # and a mean over the seeds that trained must not put a setting that stalls on one seed first
-        failed = sum(r.status in FAILED_TO_TRAIN for r in runs) / len(runs)  # a rate: seeds still to run
-        v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))  # favour no candidate
+        # the lowest share of recorded seeds that failed to train first, then the mean: a stalled run
+        # has no valid BLEU (final_test.py), and a mean over the seeds that trained must not put a
+        # setting that stalls on one seed first. A share, not a count, so that a candidate with
+        # fewer seeds recorded so far (an unfinished study) is not favoured.
+        failed = sum(r.status in FAILED_TO_TRAIN for r in runs) / len(runs)
+        v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))
         if best_value is None or v > best_value:
             best, best_value = arm, v
     if best is None:
