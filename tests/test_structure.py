@@ -168,3 +168,31 @@ def test_no_module_imports_another_modules_private_names():
                 bad += [f"{name}: from {node.module} import {a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+
+
+def test_every_scheme_is_in_the_study_tools():
+    """Issue 20, item 3: every registered scheme is an arm of the output-change study and of a
+    deep-stack sweep (+sweep=deep_stack or deep_stack_recent, and each one's _paper preset); a new
+    scheme that is left out of them fails here. The arms name a scheme through conf/arm/*.yaml's
+    norm group (conf/norm/*.yaml's placement) or, in output_change, model.norm.placement."""
+    import yaml
+
+    from normlab.model.schemes import SCHEMES
+
+    conf = SRC.parent / "conf"
+    study = yaml.safe_load((conf / "study" / "output_change.yaml").read_text())
+    probed = {a["model"]["norm"]["placement"] for a in study["arms"].values()}
+    assert probed == set(SCHEMES), set(SCHEMES) ^ probed
+
+    def placement(arm):  # an arm's norm group file, and the placement it sets (post if it sets none)
+        defaults = yaml.safe_load((conf / "arm" / f"{arm}.yaml").read_text())["defaults"]
+        norm = next(d["override /norm"] for d in defaults if isinstance(d, dict) and "override /norm" in d)
+        node = yaml.safe_load((conf / "norm" / f"{norm}.yaml").read_text())
+        return node.get("placement", "post")
+
+    for paper in ("", "_paper"):
+        swept = set()
+        for sweep in ("deep_stack", "deep_stack_recent"):
+            node = yaml.safe_load((conf / "sweep" / f"{sweep}{paper}.yaml").read_text())
+            swept |= {placement(a) for a in node["hydra"]["sweeper"]["params"]["+arm"].split(",")}
+        assert swept == set(SCHEMES), (paper, set(SCHEMES) ^ swept)
