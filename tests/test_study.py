@@ -407,6 +407,7 @@ def test_output_change_probe_study(tmp_path):
         assert res["growth_decoder"] == pytest.approx(math.log(ratio) / math.log(2))
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "## Output change at init, decoder output (mean ± sd over 2 seeds" in readme
+    assert "| Admin | `model.norm.placement=post model.init=admin` | completed 2 |" in readme  # what the arm ran
     assert (tmp_path / "out" / "output_change.png").is_file()
     assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
     r = run_study(args)

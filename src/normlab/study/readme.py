@@ -30,11 +30,19 @@ def mean_sd(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}"
 
 
+def _flat(prefix: str, node) -> list[str]:
+    # A probe arm's model options as the dotted settings they are (model.norm.placement=post), so its
+    # row names what it ran as a training arm's row names its overrides.
+    if not isinstance(node, dict):
+        return [] if node is None else [f"{prefix}={node}"]
+    return [kv for k, v in node.items() for kv in _flat(f"{prefix}.{k}", v)]
+
+
 def arm_rows(study: Study, by_arm: dict[str, list[Record]]) -> list[dict]:
     rows = []
     for arm in study.arms.values():
         recs = by_arm.get(arm.name, [])
-        row = {"arm": arm.name, "label": arm.label, "overrides": " ".join(arm.overrides),
+        row = {"arm": arm.name, "label": arm.label, "overrides": " ".join(arm.overrides or _flat("model", arm.model)),
                "seeds": ",".join(str(r.seed) for r in recs), "statuses": statuses(recs)}
         for m in study.table_metrics:
             row[m] = [r.metric(m) for r in recs if r.status == "completed" and r.metric(m) is not None]
