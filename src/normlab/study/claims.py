@@ -12,6 +12,9 @@
 - fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
 - trains (A trains where the paper says it does): the reverse of fails.
+Seeds (issue 17: at least 3, unless the effect is larger than 3 standard deviations with 2): a compare
+claim with fewer than 3 paired seeds notes how many standard deviations of the seeds' paired
+differences its mean difference is, and whether that is enough by this rule (`seeds_rule`).
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
 metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
 comparison.
@@ -42,12 +45,14 @@ class Verdict:
     means: dict = field(default_factory=dict)     # arm -> mean metric over its scored seeds
     statuses: dict = field(default_factory=dict)  # arm -> {status: count}
     note: str = ""
+    seeds_rule: dict | None = None    # fewer than 3 paired seeds: {seeds, effect_sd, enough} (see above)
 
     def as_dict(self) -> dict:
         iv = self.interval
         return {"id": self.claim.id, "claim": self.claim.claim, "source": self.claim.source, "paper": self.claim.paper,
                 "kind": self.claim.kind, "metric": self.claim.metric, "verdict": self.verdict, "better": self.better,
                 "than": self.than, "means": self.means, "statuses": self.statuses, "note": self.note,
+                "seeds_rule": self.seeds_rule,
                 "difference": None if iv is None else {"mean": iv.diff, "low": iv.low, "high": iv.high,
                                                        "method": iv.method, "paired_seeds": iv.n}}
 
@@ -127,7 +132,27 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
         iv = paired_t([A[s].metric(ma) for s in seeds], [B[s].metric(mb) for s in seeds])
     v.interval = iv
     v.verdict = verdict_of(iv, claim, claim.direction == "lower" if claim.direction else lower_is_better(ma))
+    if len(seeds) < 3:
+        v.seeds_rule = seeds_rule([A[s].metric(ma) - B[s].metric(mb) for s in seeds])
+        v.note = "; ".join(filter(None, [v.note, v.seeds_rule["text"]]))
     return v
+
+
+def seeds_rule(diffs: list[float]) -> dict:
+    """The issue's rule for fewer than 3 seeds: 2 paired seeds are enough when the mean difference
+    is more than 3 standard deviations of the seeds' differences (the sd the t interval uses); with
+    1 seed the spread over seeds is not measured, so it never is."""
+    n, mean = len(diffs), float(np.mean(diffs))
+    sd = float(np.std(diffs, ddof=1)) if n > 1 else None
+    k = abs(mean) / sd if sd else (float("inf") if sd == 0 and mean else None)
+    enough = n == 2 and k is not None and k > 3
+    text = (f"{n} paired seed{'s' if n > 1 else ''}: " +
+            (f"the difference is {k:.1f} sd of the seeds' differences" if k is not None and k != float("inf")
+             else "the seeds' spread is not measured" if n < 2 else "the seeds' differences are equal")
+            + ("; enough by the rule (> 3 sd with 2 seeds)" if enough else "; a third seed is needed (the rule: "
+               "3 seeds, or 2 with a difference > 3 sd)"))
+    return {"seeds": n, "effect_sd": None if k is None or k == float("inf") else round(k, 2), "enough": enough,
+            "text": text}
 
 
 def verdict_of(iv: Interval, claim: Claim, lower_better: bool) -> str:

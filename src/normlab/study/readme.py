@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 from pathlib import Path
 
@@ -51,16 +52,25 @@ def arm_rows(study: Study, by_arm: dict[str, list[Record]]) -> list[dict]:
     return rows
 
 
+def machine_share(res: dict) -> float:
+    """The share of the machine a run used: 1 / the study's --jobs (the runs that shared it), and no
+    more than its threads of the cores where results.json names them ("cpu: x86_64, 2 cores, 1
+    thread"): a 1-thread run of a --jobs 1 study beside another study used half the machine, as a
+    job of a 2-job sweep does, and 3 one-thread jobs on 2 cores a third each."""
+    share = 1.0 / max(1, int((res.get("study") or {}).get("jobs") or 1))
+    m = re.match(r"cpu: .*?, (\d+) cores, (\d+) threads?$", str(res.get("device") or ""))
+    return min(share, int(m.group(2)) / int(m.group(1))) if m and int(m.group(1)) > 0 else share
+
+
 def cost(by_arm: dict[str, list[Record]]) -> dict:
-    """Machine-hours: each run's wall time over the runs that shared the machine with it (--jobs)."""
+    """Machine-hours: each run's wall time times its share of the machine (machine_share)."""
     recs = [r for rs in by_arm.values() for r in rs]
     own = [r for r in recs if not r.results.get("shared_from")]  # a shared run's cost is its study's
-    wall = sum(float(r.results.get("wall_s") or 0) / max(1, int((r.results.get("study") or {}).get("jobs") or 1))
-               for r in own)
+    wall = sum(float(r.results.get("wall_s") or 0) * machine_share(r.results) for r in own)
     steps = sorted({int(r.results.get("steps") or 0) for r in recs})
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
-    hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600
-             / max(1, int((r.results.get("study") or {}).get("jobs") or 1)) for r in own}
+    hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600 * machine_share(r.results)
+             for r in own}
     devices = sorted({str(r.results.get("device") or "device not recorded") for r in recs})  # shared ones too
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
             "devices": devices,
@@ -95,7 +105,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         shape = shape_lines(study, by_arm)
         if shape:
             probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
-    planned = len(study.arms) * len(study.seeds)
+    planned = study.planned
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
                                                  "cost": {**c, "planned": planned},
                                                  "claims": [v.as_dict() for v in verdicts]}, indent=2) + "\n")
@@ -118,9 +128,10 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     lines += ["## Cost", "",
               f"{runs_of}, "
               f"{c['machine_hours']:.2f} machine-hours ({'; '.join(c.get('devices') or ['device not recorded'])}: "
-              "the runs' wall times, each divided by "
-              f"the runs that trained beside it; seeds {', '.join(map(str, c['seeds'])) or '—'}"
-              + (f" of {', '.join(map(str, study.seeds))} planned" if c["seeds"] != sorted(study.seeds) else "")
+              "the runs' wall times, each times the share of the machine it used: 1 / the runs beside it, "
+              f"at most its threads of the cores; seeds {', '.join(map(str, c['seeds'])) or '—'}"
+              + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
+              + _extra_seeds(study)
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
@@ -217,10 +228,19 @@ def _shared(cost: dict) -> str:
             "once; their machine-hours are counted there)")
 
 
+def _extra_seeds(study: Study) -> str:
+    """`; seed 3 of admin and pre_ln only`: the arms that run seeds beyond the study's."""
+    extra = {}
+    for arm in study.arms.values():
+        for s in sorted(set(study.seeds_of(arm)) - set(study.seeds)):
+            extra.setdefault(s, []).append(arm.name)
+    return "".join(f"; seed {s} of {', '.join(arms)} only" for s, arms in extra.items())
+
+
 def _unfinished(study: Study, cost: dict) -> str:
     """`; 9 of 14 planned runs recorded`: a study that is part way (a seed of some arms only) says
     so beside its seeds; the same command continues it."""
-    planned = len(study.arms) * len(study.seeds)
+    planned = study.planned
     if study.kind == "probe" or cost["runs"] >= planned:
         return ""
     return f"; {cost['runs']} of {planned} planned runs recorded, the same command continues"
@@ -261,11 +281,21 @@ def cost_table(folder: Path) -> list[str]:
         return []
     total_runs, total_hours = len(total), sum(total.values())
     return ["## What the studies cost", "",
-            "Machine-hours: each run's wall time divided by the runs that trained beside it (each study's Cost "
+            "Machine-hours: each run's wall time times the share of the machine it used: 1 / the runs that "
+            "trained beside it, at most its threads of the cores where its record names them (each study's Cost "
             "line names the devices its runs recorded).", "",
             "| study | runs recorded (of planned) | steps | machine-hours |", "|---|---|---|---:|", *rows,
             f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
             f"**{total_hours:.2f}** |"]
+
+
+def seeds_mark(rule: dict | None) -> str:
+    # Fewer than 3 seeds (claims.seeds_rule): the difference in sd of the seeds' differences, and
+    # whether the issue's rule asks for a third seed.
+    if not rule:
+        return ""
+    k = f", {rule['effect_sd']:.1f} sd" if rule.get("effect_sd") is not None else ""
+    return k + ("" if rule["enough"] else ": a 3rd seed needed" if rule["seeds"] == 2 else ": more seeds needed")
 
 
 def update_index(index: Path) -> None:
@@ -280,7 +310,8 @@ def update_index(index: Path) -> None:
             d = c.get("difference")
             if d and d.get("low") is not None:
                 seeds = f", {d['paired_seeds']} seed{'s' if d['paired_seeds'] != 1 else ''}" if d.get("paired_seeds") else ""
-                ours = f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]}{seeds})"
+                ours = (f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]}{seeds}"
+                        f"{seeds_mark(c.get('seeds_rule'))})")
             elif c.get("kind") in ("fails", "trains"):
                 ours = f"{c['better']}: " + (outcome_text((c.get("statuses") or {}).get(c["better"], {}),
                                                           (c.get("means") or {}).get(c["better"]), c["metric"]) or "not run")

@@ -78,8 +78,8 @@ def plan(study: Study, runs: Path, out: Path) -> list[Job]:
     from normlab.run_folder import existing_name
 
     jobs = []
-    for seed in study.seeds:  # seed-major: a partial study has whole seeds of every arm
-        for arm in study.arms.values():
+    for seed in study.all_seeds:  # seed-major: a partial study has whole seeds of every arm
+        for arm in (a for a in study.arms.values() if seed in study.seeds_of(a)):
             overrides = study.arm_overrides(arm, seed)
             try:
                 cfg = compose(overrides)

@@ -5,7 +5,8 @@ the key before any run starts.
     title, paper, question: what the study asks, and of which paper
     design: why this model, corpus and budget (the README prints it)
     common: [overrides every arm gets]         seeds: [1, 2, 3]
-    arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]}}}
+    arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]},
+                  extra_seeds: [3]}}    # seeds this arm runs beyond the study's (full budget only)
     best_of: {name: {arms: [a, b], by: valid_bleu}}   # an arm picked by a validation metric
     claims: [{id, claim, source, paper, better, than, metric, than_metric, interval, kind, margin}]
     budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
@@ -49,6 +50,9 @@ class Arm:
     label: str
     prune: dict | None = None  # {depths: [..], strategies: [..]}: run the prune command after training
     model: dict | None = None  # probe studies: the ModelConfig options of the arm
+    # seeds beyond the study's, for the arms of a claim whose seeds left it open (issue 17's rule:
+    # 3 seeds, or 2 with a difference > 3 sd): a third seed of two arms, not of every arm
+    extra_seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,18 @@ class Study:
     prune_overrides: dict = field(default_factory=dict)  # the budget's prune settings (smoke: 20 sentences)
     kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
     probe: dict = field(default_factory=dict)
+
+    def seeds_of(self, arm: Arm) -> tuple[int, ...]:
+        """The seeds an arm runs: the study's, and at the full budget its extra_seeds."""
+        return tuple(sorted({*self.seeds, *arm.extra_seeds})) if self.budget == "full" else self.seeds
+
+    @property
+    def all_seeds(self) -> tuple[int, ...]:
+        return tuple(sorted({s for arm in self.arms.values() for s in self.seeds_of(arm)} or self.seeds))
+
+    @property
+    def planned(self) -> int:
+        return sum(len(self.seeds_of(arm)) for arm in self.arms.values())
 
     def arm_overrides(self, arm: Arm, seed: int) -> list[str]:
         return [*self.common, *arm.overrides, *self.budget_overrides, f"seed={seed}"]
@@ -133,8 +149,11 @@ def load_study(name: str, budget: str = "full") -> Study:
         overrides = node.get("overrides") or []
         if not isinstance(overrides, list):
             raise UserError(f"{where}: arms.{arm_name}.overrides", "must be a list of train.py overrides")
+        extra = node.get("extra_seeds") or []
+        if not isinstance(extra, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in extra):
+            raise UserError(f"{where}: arms.{arm_name}.extra_seeds", f"must be a list of integer seeds (got {extra!r})")
         arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"),
-                             node.get("model"))
+                             node.get("model"), tuple(extra))
     best_of = raw.get("best_of") or {}
     for group, node in best_of.items():
         unknown = [a for a in node.get("arms") or [] if a not in arms]
