@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from normlab.model.embeddings import OutputProjection, TokenEmbedding
 from normlab.model.hyper import ManifoldHyperConnection
 
 from test_hyper import randomise_
@@ -72,3 +73,74 @@ def test_mhc_dynamic_weights_in_low_precision_are_their_fp32_value_rounded_once(
     ref = copy.deepcopy(low).float().weights(h.float())
     for out, want in zip(low.weights(h), ref):
         rounded_once(out, want, dtype)
+
+
+# ---- FixNorm ---------------------------------------------------------------------------------------
+V, D, PAD = 6, 512, 0  # d 512: ‖x‖ passes fp16's 65504 from |x| ≈ 2900 on
+
+
+def fixnorm_rows(scale: float, seed: int = 1) -> torch.Tensor:
+    # (V, D) rows: row 0 zero (the pad row, and a zero decoder state), the others at `scale`, row 2
+    # at 1e4 (its norm 2.3e5 is inf in fp16: the row became 0)
+    rows = fixed(scale, V, D, seed=seed)
+    rows[0] = 0.0
+    rows[2] *= 1e4 / scale
+    return rows
+
+
+def embedding(rows: torch.Tensor) -> TokenEmbedding:
+    e = TokenEmbedding(V, D, PAD, fixnorm=True)
+    with torch.no_grad():
+        e.embedding.weight.copy_(rows)
+    return e
+
+
+def projection(rows: torch.Tensor, scaled_input: bool) -> OutputProjection:
+    p = OutputProjection(V, D, tied=None, fixnorm=True, scaled_input=scaled_input)
+    with torch.no_grad():
+        p.untied.weight.copy_(rows)
+        if p.g is not None:
+            p.g.fill_(7.3)  # not √d, so its rounding counts
+    return p
+
+
+TOKENS = torch.tensor([[0, 1, 2, 3], [4, 5, 0, 0]])
+
+
+@pytest.mark.parametrize("scale", [1e-2, 1.0])
+def test_fixnorm_in_fp32_is_f_normalize_bit_for_bit(scale):
+    rows, x = fixnorm_rows(scale), fixnorm_rows(scale, seed=2)[None]  # x: (1, V, D), row 0 zero
+    want = torch.nn.functional.normalize(rows, dim=-1)  # the code before: F.normalize, then the scale
+    assert torch.equal(embedding(rows)(TOKENS), want[TOKENS] * D ** 0.5)
+    for scaled_input in (False, True):
+        p = projection(rows, scaled_input)
+        x_want = x if scaled_input else p.g * torch.nn.functional.normalize(x, dim=-1)
+        for out, ref in zip(p.operands(x), (x_want, want)):
+            assert out.dtype == torch.float32 and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("scale", [1e-2, 1.0])
+def test_fixnorm_in_low_precision_is_its_fp32_value_rounded_once(scale, dtype):
+    # The modules in the dtype (precision=16-true / bf16-true): in fp16 the pad row gave NaN (ε = 0,
+    # 0/0) and row 2 zeros (‖row‖ = inf), and the decoder state x alike.
+    rows, x = fixnorm_rows(scale), fixnorm_rows(scale, seed=2)[None].to(dtype)
+    low = embedding(rows).to(dtype)
+    rounded_once(low(TOKENS), copy.deepcopy(low).float()(TOKENS), dtype)
+    for scaled_input in (False, True):
+        low = projection(rows, scaled_input).to(dtype)
+        for out, ref in zip(low.operands(x), copy.deepcopy(low).float().operands(x.float())):
+            rounded_once(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_fixnorm_output_under_autocast_normalises_a_low_precision_state_in_fp32(dtype):
+    # 16-mixed / bf16-mixed: the weights are fp32, the decoder state x may come in the low dtype;
+    # F.normalize ran in it (autocast leaves it alone), so a zero row gave NaN in fp16.
+    p, x = projection(fixnorm_rows(1.0), scaled_input=False), fixnorm_rows(1.0, seed=2)[None].to(dtype)
+    ref = p.operands(x.float())
+    with torch.autocast("cpu", dtype=dtype):
+        out = p.operands(x)
+        assert p(x).isfinite().all()
+    rounded_once(out[0], ref[0], dtype)
+    assert torch.equal(out[1], ref[1])  # the weights are fp32: normalised as without autocast
