@@ -75,13 +75,30 @@ def load_finetune_weights(model, ckpt: dict, path) -> None:
 
 def check_weights_fit(module, ckpt: dict, path) -> None:
     """resume=: Lightning restores the checkpoint strictly; a model setting typed on the command line
-    that changes a shape is one ConfigError here instead of a traceback from inside fit."""
-    own = module.state_dict()
+    that changes a shape is one ConfigError here instead of a traceback from inside fit. Exactly what
+    a strict load accepts fits: where the keys or shapes differ, the modules' load pre-hooks may
+    still reconcile them, e.g. a pruned HybridNorm* stack whose rebuilt first layer has an input norm
+    the saved one lacks (schemes/recent.py, _drop_unsaved_input_norm), so the strict load decides.
+    It changes `module` as the hooks do before Lightning's own load, which is in time: Trainer._run
+    (lightning 2.6) restores the model (_restore_modules_and_callbacks) before strategy.setup builds
+    the optimizers, for every strategy whose restore_checkpoint_after_setup is False (ours: single
+    device and DDP; FSDP and DeepSpeed restore after setup)."""
     theirs = ckpt["state_dict"]
-    bad = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
-    if bad:
+    if _first_difference(module.state_dict(), theirs) is None:
+        return
+    try:
+        module.load_state_dict(theirs, strict=True)
+    except RuntimeError as e:  # missing, unexpected or mis-shaped weights that no hook reconciles
+        # named after the hooks ran (they run before the load fails): a difference they leave
+        first = _first_difference(module.state_dict(), theirs) or str(e).splitlines()[-1].strip()
         raise ConfigError(f"resume={path}", f"the checkpoint's weights do not fit the model the command line builds "
-                          f"(first difference: {bad[0]}); drop the model overrides, or use finetune=")
+                          f"(first difference: {first}); drop the model overrides, or use finetune=") from None
+
+
+def _first_difference(own: dict, theirs: dict) -> str | None:
+    """The first key only one of two state dicts has, else the first whose shapes differ, or None."""
+    bad = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
+    return bad[0] if bad else None
 
 
 def _plugins() -> list:
@@ -212,7 +229,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     finally:
         if results["status"] == Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
             results["status"] = Status.INTERRUPTED.value
-        results.update(steps=trainer.global_step, device=device_text(trainer),
+        # params again: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
+        # first layer loses its input norm: schemes/recent.py)
+        results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included

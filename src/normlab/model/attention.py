@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.model.norms import RMSNorm, build_norm, widened
+from normlab.model.norms import RMSNorm, build_norm, l2_normalized
 
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
 # drophead_encoder_self / drophead_decoder_self / drophead_cross), Admin's export needs to know
@@ -68,7 +68,7 @@ class L2QKNorm(nn.Module):
     # g₀ = log₂(L² − L), L the 97.5th percentile of the training sequence lengths
     # (henry_scale_init; model.qk_norm_scale_init sets g₀, null takes L = model.max_positions).
     # g is folded into the queries, so SDPA runs with scale=1: logits = (g·q̂)·k̂. q̂ and g·q̂ are
-    # computed in fp32 for fp16 / bf16 inputs and rounded once (norms.widened): in fp16
+    # computed in fp32 for fp16 / bf16 inputs and rounded once (norms.l2_normalized): in fp16
     # F.normalize's ε = 1e-12 is 0, so a zero q gave 0/0, and computing in bf16 doubled the error
     # of g·q̂ ≈ 12 (tests/test_qk_norm_precision.py).
     sdpa_scale = 1.0
@@ -78,10 +78,10 @@ class L2QKNorm(nn.Module):
         self.g = nn.Parameter(torch.tensor(float(scale_init)))
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
-        return (F.normalize(widened(q), dim=-1) * self.g).to(q.dtype)  # (B, H, T, Dh), each row of norm g
+        return l2_normalized(q, self.g)  # (B, H, T, Dh), each row of norm g
 
     def key(self, k: torch.Tensor) -> torch.Tensor:
-        return F.normalize(widened(k), dim=-1).to(k.dtype)
+        return l2_normalized(k)
 
     def extra_repr(self) -> str:
         return "l2"

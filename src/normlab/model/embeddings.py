@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.model.dropout import Dropout
+from normlab.model.norms import l2_normalized
 
 
 def sinusoidal_table(max_positions: int, d: int) -> torch.Tensor:
@@ -70,8 +71,8 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         e = self.embedding(tokens)  # (B, T, D)
-        if self.fixnorm:
-            e = F.normalize(e, dim=-1)  # the pad row is zero and stays zero
+        if self.fixnorm:  # the pad row is zero and stays zero (in fp32: in fp16 it was 0/0, l2_normalized)
+            return l2_normalized(e, self.scale)
         return e * self.scale
 
 
@@ -115,5 +116,5 @@ class OutputProjection(nn.Module):
         if not self.fixnorm:
             return x, weight
         if self.g is None:
-            return x, F.normalize(weight, dim=-1)  # x = g·x̂/‖x̂‖ from the final ScaleNorm
-        return self.g * F.normalize(x, dim=-1), F.normalize(weight, dim=-1)
+            return x, l2_normalized(weight)  # x = g·x̂/‖x̂‖ from the final ScaleNorm
+        return l2_normalized(x, self.g), l2_normalized(weight)

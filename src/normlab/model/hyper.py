@@ -73,7 +73,7 @@ import math
 import torch
 from torch import nn
 
-from normlab.model.norms import RMSNorm, build_norm
+from normlab.model.norms import RMSNorm, build_norm, widened
 
 RESIDUALS = ("add", "hyper", "mhc")  # model.residual
 MIXINGS = ("static", "dynamic")  # model.residual_mixing
@@ -226,19 +226,25 @@ class ManifoldHyperConnection(_Connection):
 
     def weights(self, h):
         n = self.n
-        pre, post, res = self.b_pre, self.b_post, self.b_res
+        # In fp32 for fp16 / bf16 streams and weights (precision=16-true, bf16-true), rounded once
+        # to H's dtype at the end, as RMSNorm (norms.widened): in fp16 the dynamic RMS's H² overflows
+        # from |H| = 256 on, and rsqrt(inf) = 0 dropped the dynamic term (tests/test_norm_precision.py).
+        pre, post, res = widened(self.b_pre), widened(self.b_post), widened(self.b_res)
         if self.dynamic:
             # RMSNorm(vec H)·φ = rsqrt(mean(H²) + ε)·(vec H)·(diag(g)·φ): the division after the
             # matmul, as the paper's kernels reorder it; here it saves flattening H (a copy of the
             # streams kept for the backward): a bmm over the streams, summed, reads H in place.
-            phi = (self.norm.weight[:, None] * self.phi).view(n, -1, self.phi.shape[1])  # (n, d, k)
-            z = torch.bmm(h.flatten(1, 2), phi).sum(0).view(*h.shape[1:3], -1)  # (B, T, 2n + n²)
-            z = z * torch.rsqrt(h.pow(2).mean(dim=(0, 3)) + self.norm.eps)[..., None]
+            w = widened(h)
+            gain = widened(self.norm.weight)[:, None]
+            phi = (gain * widened(self.phi)).view(n, -1, self.phi.shape[1])  # (n, d, k)
+            z = torch.bmm(w.flatten(1, 2), phi).sum(0).view(*h.shape[1:3], -1)  # (B, T, 2n + n²)
+            z = z * torch.rsqrt(w.pow(2).mean(dim=(0, 3)) + self.norm.eps)[..., None]
             pre = pre[:, None, None] + self.scale[0] * z[..., :n].permute(2, 0, 1)
             post = post[:, None, None] + self.scale[1] * z[..., n:2 * n].permute(2, 0, 1)
             res = res[:, :, None, None] + self.scale[2] * z[..., 2 * n:].unflatten(-1, (n, n)).permute(2, 3, 0, 1)
         # H_res[target, source]: the mix's (source, target) is its transpose
-        return torch.sigmoid(pre), sinkhorn(res).transpose(0, 1), 2 * torch.sigmoid(post)
+        weights = torch.sigmoid(pre), sinkhorn(res).transpose(0, 1), 2 * torch.sigmoid(post)
+        return tuple(t.to(h.dtype) for t in weights)  # the identity for fp32 streams
 
     def extra_repr(self) -> str:
         return f"streams={self.n}, dynamic={self.dynamic}, sinkhorn_iters={SINKHORN_ITERS}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -39,6 +40,15 @@ def widened(x: torch.Tensor) -> torch.Tensor:
     norm rounds its result to x's dtype once, at the end, as OLMo's and HF Llama's RMSNorm do
     (tests/test_qk_norm_precision.py); fp32 and fp64 inputs are computed exactly as without it."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def l2_normalized(x: torch.Tensor, gain: torch.Tensor | float | None = None) -> torch.Tensor:
+    """gain · x/‖x‖ over the last dim (F.normalize, ε 1e-12), in fp32 for fp16 / bf16 x (widened) and
+    rounded once to x's dtype: in fp16 that ε is 0, so a zero row gave 0/0, and ‖x‖ overflowed to
+    inf from |x| ≈ 2900 at d 512 (rows of 0). QK-norm (Henry et al. 2020) and FixNorm (Nguyen &
+    Salazar 2019) use it (tests/test_qk_norm_precision.py, tests/test_norm_precision.py)."""
+    unit = F.normalize(widened(x), dim=-1)
+    return (unit if gain is None else unit * gain).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
