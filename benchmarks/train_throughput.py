@@ -60,7 +60,12 @@ def build(settings, names, shape, device, compile):
                 runs[key] = {"name": cls.name, "peer": peer, "opt": P.adam(peer.model.parameters(), device),
                              "tok_s": [], "params": sum(p.numel() for p in peer.model.parameters())}
             by_setting[setting].append(runs[key])
-    return list(runs.values()), by_setting
+    # Turn order: each dropout setting's runs together, normlab on full logits (the model alone)
+    # right after its peers, so a model-alone ratio pairs steps taken next to each other, as the
+    # other ratios do (it was 7-8 steps away, after every setting's runs).
+    group = {base: i for i, base in enumerate(dict.fromkeys(k[1] for k in runs))}
+    order = sorted(runs, key=lambda k: (group[k[1]], k[2]))  # stable: normlab, then peers, then full
+    return [runs[k] for k in order], by_setting
 
 
 def compare(rows: list[dict], repeat: int) -> dict:

@@ -46,3 +46,24 @@ def test_profile_step_rejects_unknown_settings(monkeypatch, capsys):
     err = exit_message(mod.main, ["--settings", "none,bogus"], capsys)
     assert "--settings: 'bogus'; allowed: " + ", ".join(mod.P.SETTING_TEXT) in err
     assert "papers_model" in err and "none_model" in err
+
+
+def test_model_alone_runs_take_their_turn_beside_their_peers(monkeypatch):
+    """train_throughput's turn order: each dropout setting's runs together, normlab on full logits
+    (papers_model, none_model) right after the peers of its setting, so its ratios pair adjacent steps."""
+    import types
+
+    import torch
+
+    mod = load("train_throughput", monkeypatch)
+    monkeypatch.setattr(mod.P, "build", lambda cls, shape, setting, compile=False: types.SimpleNamespace(
+        model=torch.nn.Linear(1, 1), tag=(cls.name, setting)))
+    settings = ["papers", "everywhere", "none", "papers_model", "none_model"]
+    runs, by_setting = mod.build(settings, [c.name for c in mod.P.PEERS], None, torch.device("cpu"), False)
+    order = [r["peer"].tag for r in runs]
+    peers = [c.name for c in mod.P.PEERS]
+    assert order == [*[(n, "papers") for n in peers], ("normlab", "papers_model"),
+                     *[(n, "everywhere") for n in peers],
+                     *[(n, "none") for n in peers], ("normlab", "none_model")]
+    assert [r["peer"].tag for r in by_setting["none_model"]] == [("normlab", "none_model"),
+                                                                *[(n, "none") for n in peers[1:]]]
