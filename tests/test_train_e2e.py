@@ -29,9 +29,16 @@ def test_results_json(finished_run):
     for key in ("test_bleu", "valid_bleu", "valid_loss", "params", "train_tokens_per_s", "wall_s"):
         assert isinstance(saved[key], (int, float)), key
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    import os, platform
-    n = torch.get_num_threads()
-    assert saved["device"] == f"cpu: {platform.machine()}, {os.cpu_count()} cores, {n} thread{'s' * (n != 1)}"
+    import os, platform, re
+
+    from normlab.study.readme import machine_share
+
+    # what trained it, in the words the studies' cost reads back: the share of the machine it used
+    m = re.fullmatch(r"cpu: (\S+), (\d+) cores, (\d+) (thread|threads)", saved["device"])
+    assert m, saved["device"]
+    n, cores = torch.get_num_threads(), os.cpu_count()
+    assert (m[1], int(m[2]), int(m[3]), m[4]) == (platform.machine(), cores, n, "thread" if n == 1 else "threads")
+    assert machine_share(saved) == min(1.0, n / cores)
     assert saved["params"] == results["params"] > 0
     # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
     # once the best checkpoint's wall time plus the whole run's)
