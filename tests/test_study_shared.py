@@ -46,6 +46,12 @@ def test_layerdrop_prune_adopts_droheads_no_drophead_runs_as_its_scratch_model(t
     assert c["runs"] == 2 and c["shared"] == 2 and c["machine_hours"] == 0 and c["shared_with"] == ["drophead"]
     # a second call adopts nothing more and does not adopt from the copies it made
     assert adopt_shared(jobs, root) == []
+    # the source rescored (its study reran its final passes): the copy follows it, and only it
+    src = root / "drophead" / "runs" / "none-s1" / "results.json"
+    src.write_text(json.dumps({**source, "test_bleu": source["test_bleu"] + 1.0}))
+    assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 1"]
+    assert load_records(root / "layerdrop_prune")["scratch3"][0].results["test_bleu"] == source["test_bleu"] + 1.0
+    assert adopt_shared(jobs, root) == []
 
 
 def test_nothing_is_adopted_across_identities_unfinished_runs_or_without_prune_translations(tmp_path):

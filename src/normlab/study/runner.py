@@ -126,7 +126,7 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
     adopted = []
     for job in jobs:
         src = index.get(job.identity_hash)
-        if src is None or src == job.record or record_done(job) is not None:
+        if src is None or src == job.record or (record_done(job) is not None and not _stale_copy(job.record, src)):
             continue
         if job.arm.prune and not _pruned_as(src, job.arm.prune):
             continue
@@ -145,6 +145,21 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         say(f"shared {job.tag}: the run {src.parents[1].name}/{src.name} recorded (same identity)")
         adopted.append(job)
     return adopted
+
+
+def _stale_copy(record: Path, src: Path) -> bool:
+    """A record adopted from src that src no longer matches (its study rescored or pruned it again
+    since): copied again, so the two studies judge the same run by the same numbers."""
+    try:
+        mine = json.loads((record / "results.json").read_text())
+        theirs = json.loads((src / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if mine.get("shared_from", {}).get("record") != src.name:
+        return False  # trained here, or adopted from another study's record: left as it is
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("study", "shared_from")}  # noqa: E731
+    files = lambda d: {p.name: p.stat().st_size for p in d.iterdir() if p.name != "results.json"}  # noqa: E731
+    return strip(mine) != strip(theirs) or files(record) != files(src)
 
 
 def _pruned_as(record: Path, prune: dict) -> bool:
