@@ -18,6 +18,7 @@ from typing import Any
 
 from normlab.outcome import REASON_KEYS, Status
 from normlab.private_api import drop_wandb_init_key
+from normlab.signals import deferred
 
 
 def _is_wandb(logger_or_cls) -> bool:
@@ -101,7 +102,9 @@ def finish_loggers(loggers: list, results: dict | None = None) -> None:
                             del wandb.run.summary[key]
                         except KeyError:
                             pass
-                # W&B's run state says what results.json says: a crash is "failed" in both
-                wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
+                # W&B's run state says what results.json says: a crash is "failed" in both; a
+                # signal now (a second SIGTERM) is handled once the run is closed (signals.deferred)
+                with deferred():
+                    wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
         else:
             logger.finalize("success" if (results or {}).get("status") == Status.COMPLETED else "failed")

@@ -17,7 +17,9 @@ import os
 import re
 import signal
 import subprocess
-from typing import Any, NoReturn
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, NoReturn
 
 log = logging.getLogger("normlab")
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}  # what a cluster or a study sends to stop a job
@@ -51,3 +53,23 @@ class Signalled(SystemExit):
     def __init__(self, signum: int, before: Any):
         super().__init__(128 + signum)
         self.signum, self.before = signum, before
+
+
+@contextmanager
+def deferred(signals=(signal.SIGINT, *SIGNALS.values())) -> Iterator[None]:
+    """Signals that arrive inside the block wait for its end, then go to the handlers from before it
+    (re-raised, once each, in the order they came): closing the W&B run after results.json is
+    written (loggers.finish_loggers) is not cut off by a second SIGTERM, which is handled after it,
+    as if it had come a moment later. Off the main thread, where handlers cannot be set, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)

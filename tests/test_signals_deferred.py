@@ -1,0 +1,48 @@
+"""signals.deferred: a signal that arrives while the W&B run is being closed (after results.json is
+written) waits for the close, then reaches the handler from before (a second SIGTERM once cut
+wandb.finish off with the default action)."""
+import os
+import signal
+import types
+
+from normlab.signals import deferred
+
+
+def test_a_signal_inside_the_block_reaches_the_old_handler_after_it():
+    got, order = [], []
+    old = signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+    try:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the same signal twice: handled once, as the OS would
+            order.append(list(got))  # nothing handled inside
+        order.append(list(got))
+        assert order == [[], [signal.SIGTERM]]
+        os.kill(os.getpid(), signal.SIGTERM)  # the old handler is back
+        assert got == [signal.SIGTERM, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_finish_loggers_closes_the_wandb_run_before_a_signal_is_handled(monkeypatch):
+    import wandb
+
+    from normlab import loggers
+
+    events = []
+    run = types.SimpleNamespace(summary={})
+    monkeypatch.setattr(wandb, "run", run, raising=False)
+
+    def finish(exit_code=0):
+        os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM while W&B closes the run
+        events.append(("finished", exit_code))
+
+    monkeypatch.setattr(wandb, "finish", finish)
+    WandbLogger = type("WandbLogger", (), {})
+    old = signal.signal(signal.SIGTERM, lambda n, f: events.append(("SIGTERM", n)))
+    try:
+        loggers.finish_loggers([WandbLogger()], {"status": "completed", "test_bleu": 1.0})
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert events == [("finished", 0), ("SIGTERM", signal.SIGTERM)]
+    assert run.summary == loggers.wandb_summary({"status": "completed", "test_bleu": 1.0})  # written before the close
