@@ -9,8 +9,8 @@ Issue 21's target: a stalled arm costs at most a quarter of a completed arm's ti
 whole `python -m normlab.commands.train` process with a study's exact overrides (conf/study/<study>.yaml:
 its common overrides, the arm's, the seed), one after another, `--threads` each (1: as a study job
 has with `--jobs 2`); the time is the run's own `wall_s` (results.json). `--before COMMIT` runs the
-stalled arm again with that commit's code (a temporary git worktree on PYTHONPATH, the same
-interpreter and packages). The arms run one after another, not in turns: keep the machine's load
+stalled arm again with that commit's code and that commit's study file (a temporary git worktree on
+PYTHONPATH, the same interpreter and packages): the arm as the study ran it then. The arms run one after another, not in turns: keep the machine's load
 steady while it runs (the record says what ran beside it) and compare ratios, not seconds.
 """
 from __future__ import annotations
@@ -27,11 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def arm_overrides(study_name: str, arm: str, seed: int) -> list[str]:
-    from normlab.study.spec import load_study
-
-    study = load_study(study_name)
-    return study.arm_overrides(study.arms[arm], seed)
+def arm_overrides(study_name: str, arm: str, seed: int, src: Path = ROOT) -> list[str]:
+    """The arm's overrides as checkout `src`'s study file and code give them: a --before commit runs
+    the arm as that commit's study ran it (its own common overrides, e.g. without stop_after)."""
+    code = ("import json, sys; from normlab.study.spec import load_study; s = load_study(sys.argv[1]); "
+            "print(json.dumps(s.arm_overrides(s.arms[sys.argv[2]], int(sys.argv[3]))))")
+    res = subprocess.run([sys.executable, "-c", code, study_name, arm, str(seed)], cwd=src, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(src / "src")))
+    if res.returncode != 0:
+        sys.exit(f"error: {src}: the study {study_name!r} has no arm {arm!r} there "
+                 f"({(res.stderr.strip().splitlines() or ['?'])[-1]})")
+    return json.loads(res.stdout)
 
 
 def train(overrides: list[str], run_dir: Path, threads: int, src: Path = ROOT) -> dict:
@@ -74,7 +80,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
                        stdout=subprocess.DEVNULL)
         try:
-            rows["before"] = train(arm_overrides(args.study, args.stalled, args.seed) + extra,
+            rows["before"] = train(arm_overrides(args.study, args.stalled, args.seed, src=tree) + extra,
                                    out / f"{args.stalled}-before", args.threads, src=tree)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

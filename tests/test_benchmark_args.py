@@ -67,3 +67,18 @@ def test_model_alone_runs_take_their_turn_beside_their_peers(monkeypatch):
                      *[(n, "none") for n in peers], ("normlab", "none_model")]
     assert [r["peer"].tag for r in by_setting["none_model"]] == [("normlab", "none_model"),
                                                                 *[(n, "none") for n in peers[1:]]]
+
+
+def test_stalled_arm_takes_an_arms_overrides_from_the_checkout_it_runs(monkeypatch, tmp_path):
+    """stalled_arm.py --before runs the arm as that checkout's study file gives it: here, this
+    checkout's (the overrides a study job gets), and a checkout without the arm is one error line."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_stalled_arm", BENCHMARKS / "stalled_arm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from normlab.study.spec import load_study
+
+    study = load_study("deep_bleu")
+    assert mod.arm_overrides("deep_bleu", "post_ln", 2) == study.arm_overrides(study.arms["post_ln"], 2)
+    with pytest.raises(SystemExit, match=r"^error: .*: the study 'deep_bleu' has no arm 'nope' there \(KeyError"):
+        mod.arm_overrides("deep_bleu", "nope", 2)
