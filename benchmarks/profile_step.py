@@ -98,7 +98,7 @@ def summarize(events, steps: int) -> dict:
         if lab and e.sequence_nr >= 0:
             label_of_seq.setdefault((e.sequence_nr, _norm(e.name)), lab)
     table = defaultdict(float)  # (phase, component) -> ms
-    ops, top, kernels, syncs, alloc = Counter(), Counter(), Counter(), 0, 0
+    ops, outer, top, kernels, syncs, alloc = Counter(), Counter(), Counter(), Counter(), 0, 0
     for e in events:
         if e.name in PHASES or e.name in LABELS or e.name.startswith("ProfilerStep"):
             continue
@@ -117,11 +117,15 @@ def summarize(events, steps: int) -> dict:
         top[f"{phase}/{comp}: {e.name}"] += e.self_cpu_time_total / 1e3 / steps
         if e.name.startswith("aten::"):
             ops[phase] += 1
+            # called from Python (or the autograd engine), not inside another op: each pays the
+            # binding's argument parsing and result wrapping on top of the dispatch
+            outer[phase] += not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))
         if phase == "forward" and re.search(r"aten::_(scaled_dot_product|flash|efficient)", e.name):
             kernels[e.name] += 1  # which SDPA kernel each mask led to (GPU: flash / efficient / math)
         syncs += e.name in SYNC_OPS
         alloc += max(e.self_cpu_memory_usage, 0)
     return {"table": {k: v / steps for k, v in table.items()}, "ops": {k: v / steps for k, v in ops.items()},
+            "outer": {k: v / steps for k, v in outer.items()},
             "syncs": syncs / steps, "alloc_mib": alloc / steps / 2 ** 20, "top": top.most_common(12),
             "sdpa": {k: v / steps for k, v in kernels.items()}}
 
@@ -248,7 +252,8 @@ def print_summary(setting: str, s: dict) -> None:
     shares = [sum(v for k, v in t.items() if k[0] == p) for p in phases]
     print(f"{'phase total':<18}" + "".join(f"{v:>11.1f}" for v in shares) + f"{total:>9.1f}")
     print(f"{'phase share':<18}" + "".join(f"{100 * v / total:>10.1f}%" for v in shares))
-    print(f"aten ops per step: {dict((k, round(v)) for k, v in s['ops'].items())}; host syncs per step "
+    print(f"aten ops per step: {dict((k, round(v)) for k, v in s['ops'].items())}, of them not inside another op: "
+          f"{dict((k, round(v)) for k, v in s['outer'].items())}; host syncs per step "
           f"(item/nonzero): {s['syncs']:.1f}; allocated per step: {s['alloc_mib']:.0f} MiB")
     print(f"attention kernels per step: {s['sdpa']}")
     print("top ops (self ms per step): " + "; ".join(f"{n} {v:.1f}" for n, v in s["top"]))
