@@ -109,6 +109,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         # The matmuls' dtype here (bf16 under autocast, which does not cast for out= calls): cast once.
         mm = (x[:1] @ weight[:1].t()).dtype
         xm, wm = x.to(mm), weight.to(mm)
+        wt = wm.t()  # once, not per chunk (issue 21: ops per step at small shapes)
         one = torch.ones((), dtype=acc, device=x.device)
         coefs = _grad_coefficients(one * a, one * b, V) if grads else None
         loss, nll = x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc)
@@ -119,14 +120,15 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         gw_buf = torch.empty(weight.shape, dtype=mm, device=x.device) if grads else None
         for i in range(0, N, rows):
             xc, tc = xm[i:i + rows], target[i:i + rows]
-            logits = torch.mm(xc, wm.t(), out=logits_buf[:xc.size(0)])  # (C, V)
+            logits = torch.mm(xc, wt, out=logits_buf[:xc.size(0)])  # (C, V)
             lprobs = torch.log_softmax(logits, dim=-1, dtype=acc, out=lprobs_buf[:xc.size(0)])
             keep = tc.ne(pad_id).to(acc)
             tc = tc[:, None]  # (C, 1), as _sums and _logit_grad_ take it
             n, s = _sums(lprobs, tc, keep)
             loss, nll = loss + a * n + b * s, nll + n
             if grads:
-                g = _logit_grad_(lprobs, tc, keep, coefs).to(mm)  # (C, V)
+                g = _logit_grad_(lprobs, tc, keep, coefs)  # (C, V)
+                g = g if g.dtype == mm else g.to(mm)  # no aten::to call when already there (fp32)
                 if gx.dtype == mm:
                     torch.mm(g, wm, out=gx[i:i + rows])
                 else:
