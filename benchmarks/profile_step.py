@@ -15,8 +15,8 @@ self times; under machine load read the fractions, not the milliseconds.
     python benchmarks/profile_step.py --calls --settings none_model --shape tiny  # + Python calls per step
 
 --calls also counts, per step, the Python function calls of each phase (cProfile: a count, which
-load does not distort, unlike the per-op overhead it stands for), the autograd graph's nodes and
-the functions called most often.
+load does not distort, unlike the per-op overhead it stands for), the autograd graph's nodes, the
+minor page faults of each phase and the functions called most often.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import contextlib
 import cProfile
 import pstats
 import re
+import resource
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -197,26 +198,32 @@ def count_calls(cls, shape, setting, batches, device, steps, top: int = 15) -> d
     called functions, over the same steps as profile_setting."""
     peer, opt = _warm(cls, shape, setting, batches, device)
     profs = {p: cProfile.Profile() for p in PHASES}
-    nodes = 0
+    nodes, faults = 0, Counter()
     for b in batches[:steps]:
         opt.zero_grad(set_to_none=True)
         out = {}
         for phase, run in _phases(peer, opt, b, out):
             if phase == "backward":
                 nodes += autograd_nodes(out["loss"])
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             profs[phase].runcall(run)
+            faults[phase] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     stats = {p: pstats.Stats(pr).stats for p, pr in profs.items()}
     calls = {p: sum(v[1] for v in st.values()) / steps for p, st in stats.items()}
     total = Counter()
     for st in stats.values():
         for (path, line, fn), v in st.items():
             total[f"{re.sub(r'.*(site-packages|src)/', '', path)}:{line}({fn})"] += v[1] / steps
-    return {"calls": calls, "nodes": nodes / steps, "top": total.most_common(top)}
+    return {"calls": calls, "nodes": nodes / steps, "top": total.most_common(top),
+            "faults": {k: v / steps for k, v in faults.items()}}
 
 
 def print_calls(c: dict) -> None:
     print(f"Python calls per step: {dict((k, round(v)) for k, v in c['calls'].items())} "
           f"(total {sum(c['calls'].values()):.0f}); autograd nodes per step: {c['nodes']:.0f}")
+    # fresh pages the allocator got from the OS (glibc maps large blocks afresh and trims its heap):
+    # each is zeroed by the kernel on first touch. Varies between processes: compare several runs.
+    print(f"minor page faults per step: {dict((k, round(v)) for k, v in c['faults'].items())}")
     print("most called (per step): " + "; ".join(f"{n} {v:.0f}" for n, v in c["top"]))
 
 
