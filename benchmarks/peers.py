@@ -320,9 +320,11 @@ def timed_step(peer, opt, b: dict, device) -> float:
 
 
 def adam(params, device) -> torch.optim.Optimizer:
-    # The same optimizer for every model; fused on GPU (normlab's trainer uses it there too).
-    fused = torch.device(device).type == "cuda"
-    return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
+    # The same optimizer for every model, as normlab's trainer runs it (lit_module._adam_impl): fused
+    # on GPU, foreach on CPU.
+    cuda = torch.device(device).type == "cuda"
+    return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=cuda or None,
+                            foreach=None if cuda else True)
 
 
 def small(s: Shape) -> Shape:

@@ -72,6 +72,18 @@ def test_mask_of_odd_sizes_and_other_devices_fall_back():
     assert Dropout(0.5).train()(torch.ones(100, device="meta")).device.type == "meta"
 
 
+def test_mask_is_the_first_n_uniforms_of_the_draw_at_every_size():
+    # Four int16 uniforms per int64 draw, element i keeps iff uniform i >= threshold: whether or not
+    # n is a multiple of four (no slice then), the same draw gives the same mask.
+    for shape in ((64, 32, 128), (3, 5, 7), (2, 6), (1,)):
+        n = math.prod(shape)
+        torch.manual_seed(3)
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
+        expected = (bits.view(torch.int16)[:n] >= 6554 - (1 << 15)).view(shape)
+        torch.manual_seed(3)
+        assert torch.equal(_keep_mask(torch.empty(shape), 6554), expected)
+
+
 def test_under_torch_compile_it_is_torchs_dropout():
     d = torch.compile(Dropout(0.5).train(), backend="aot_eager")
     y = d(torch.ones(4000))

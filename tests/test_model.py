@@ -106,6 +106,29 @@ def test_cross_attention_with_other_key_width_equals_torch():
     torch.testing.assert_close(ours(q, mem, key_padding_mask=pad), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_key_mask_built_once_follows_a_changed_or_new_pad_mask():
+    # The SDPA mask is memoised per key_padding_mask object (attention._KeyMask): a mask changed in
+    # place, or another mask, must be seen, as must the same mask under inference mode.
+    torch.manual_seed(0)
+    attn = MultiheadAttention(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+
+    def fresh(p):  # the attention with a mask the memo has never seen (it memoises that one)
+        return attn(x, key_padding_mask=p.clone())
+
+    expected = fresh(pad)
+    first = attn(x, key_padding_mask=pad)
+    assert torch.equal(first, expected) and torch.equal(attn(x, key_padding_mask=pad), first)  # memoised
+    pad[0, 3:] = True  # in place: the memoised mask is stale
+    changed = attn(x, key_padding_mask=pad)
+    assert torch.equal(changed, fresh(pad)) and not torch.equal(changed, first)
+    assert torch.equal(attn(x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)), first)
+    with torch.inference_mode():
+        inf_pad = pad.clone()
+        assert torch.equal(attn(x, key_padding_mask=inf_pad), changed)
+
+
 def test_residual_block_formulas():
     torch.manual_seed(3)
     f, norm = nn.Linear(8, 8), RMSNorm(8)

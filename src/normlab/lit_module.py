@@ -172,7 +172,12 @@ class Seq2SeqModule(L.LightningModule):
     def _adam_impl(self) -> dict:
         # GPU: the fused kernel (one launch for every parameter, no per-step host syncs), except with
         # fp16 loss scaling + clipping, which Lightning refuses for optimizers that unscale inside
-        # step(); there, and on CPU, torch's default (foreach on GPU).
+        # step(); there torch's default (foreach on GPU). CPU: foreach, whose result is torch's
+        # default per-parameter loop's bit for bit (the same ops per tensor, looped in C++; CPU's
+        # fused kernel is not: tests/test_speed.py), without that loop's Python per parameter
+        # (~26 calls and a host sync each: 131 tensors at the tiny shape, issue 21).
+        if all(p.device.type == "cpu" for p in self.parameters()):
+            return {"foreach": True}
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
         precision = str(getattr(self._trainer, "precision", ""))

@@ -24,18 +24,26 @@ CONVENTIONS = ("uniform", "fairseq")
 
 
 def _sums(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # (Σ nll, Σ smooth) over kept rows; lprobs (N, V), target (N,), keep (N,) 0/1 floats.
-    nll = -(lprobs.gather(1, target[:, None]).squeeze(1) * keep).sum()
+    # (Σ nll, Σ smooth) over kept rows; lprobs (N, V), target (N, 1) (a column: _logit_grad_ takes
+    # the same one), keep (N,) 0/1 floats.
+    nll = -(lprobs.gather(1, target).squeeze(1) * keep).sum()
     return nll, -(lprobs.sum(dim=-1) * keep).sum()
 
 
-def _logit_grad_(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, coef_onehot: torch.Tensor,
-                 coef_uniform: torch.Tensor) -> torch.Tensor:
+def _grad_coefficients(coef_onehot: torch.Tensor, coef_uniform: torch.Tensor, V: int) -> tuple[torch.Tensor, ...]:
+    # The 0-dim factors of keep in _logit_grad_ for c_1·nll + c_u·smooth: (c_1 + c_u·V, -c_u, -c_1),
+    # once per loss rather than once per row chunk. Nothing is read back to the host.
+    return coef_onehot + coef_uniform * V, -coef_uniform, -coef_onehot
+
+
+def _logit_grad_(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor,
+                 coefs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     # In place: log-probs -> keep · ((c_1 + c_u·V)·p - c_1·onehot - c_u), the gradient wrt the logits
-    # of c_1·nll + c_u·smooth. Coefficients are 0-dim tensors: nothing is read back to the host.
-    scale = ((coef_onehot + coef_uniform * lprobs.size(1)) * keep)[:, None]  # (N, 1)
-    grad = torch.addcmul(-(coef_uniform * keep)[:, None], lprobs.exp_(), scale, out=lprobs)  # one pass
-    return grad.scatter_add_(1, target[:, None], (-coef_onehot * keep)[:, None])
+    # of c_1·nll + c_u·smooth; coefs from _grad_coefficients, target (N, 1). (-c)·keep is -(c·keep)
+    # bit for bit: rounding to nearest is symmetric in the sign.
+    scale, neg_uniform, neg_onehot = coefs
+    grad = torch.addcmul((neg_uniform * keep)[:, None], lprobs.exp_(), (scale * keep)[:, None], out=lprobs)
+    return grad.scatter_add_(1, target, (neg_onehot * keep)[:, None])  # addcmul: one pass
 
 
 def _coefficients(eps: float, V: int, convention: str) -> tuple[float, float]:
@@ -55,7 +63,7 @@ class _SmoothedNLL(torch.autograd.Function):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         lprobs = torch.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V)
         keep = target.ne(pad_id).to(dtype)  # (N,)
-        nll, smooth = _sums(lprobs, target, keep)
+        nll, smooth = _sums(lprobs, target[:, None], keep)
         ctx.save_for_backward(lprobs, target, keep)
         ctx.a, ctx.b, ctx.logits_dtype = a, b, logits.dtype
         return a * nll + b * smooth, nll
@@ -68,7 +76,8 @@ class _SmoothedNLL(torch.autograd.Function):
         zero = lprobs.new_zeros(())
         g_loss = zero if g_loss is None else g_loss
         g_nll = zero if g_nll is None else g_nll
-        grad = _logit_grad_(lprobs.clone(), target, keep, g_loss * ctx.a + g_nll, g_loss * ctx.b)
+        coefs = _grad_coefficients(g_loss * ctx.a + g_nll, g_loss * ctx.b, lprobs.size(1))
+        grad = _logit_grad_(lprobs.clone(), target[:, None], keep, coefs)
         return grad.to(ctx.logits_dtype), None, None, None, None
 
 
@@ -100,7 +109,9 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         # The matmuls' dtype here (bf16 under autocast, which does not cast for out= calls): cast once.
         mm = (x[:1] @ weight[:1].t()).dtype
         xm, wm = x.to(mm), weight.to(mm)
+        wt = wm.t()  # once, not per chunk (issue 21: ops per step at small shapes)
         one = torch.ones((), dtype=acc, device=x.device)
+        coefs = _grad_coefficients(one * a, one * b, V) if grads else None
         loss, nll = x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc)
         gx = torch.empty_like(x) if grads else None
         gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if grads else None
@@ -109,13 +120,15 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         gw_buf = torch.empty(weight.shape, dtype=mm, device=x.device) if grads else None
         for i in range(0, N, rows):
             xc, tc = xm[i:i + rows], target[i:i + rows]
-            logits = torch.mm(xc, wm.t(), out=logits_buf[:xc.size(0)])  # (C, V)
+            logits = torch.mm(xc, wt, out=logits_buf[:xc.size(0)])  # (C, V)
             lprobs = torch.log_softmax(logits, dim=-1, dtype=acc, out=lprobs_buf[:xc.size(0)])
             keep = tc.ne(pad_id).to(acc)
+            tc = tc[:, None]  # (C, 1), as _sums and _logit_grad_ take it
             n, s = _sums(lprobs, tc, keep)
             loss, nll = loss + a * n + b * s, nll + n
             if grads:
-                g = _logit_grad_(lprobs, tc, keep, one * a, one * b).to(mm)  # (C, V)
+                g = _logit_grad_(lprobs, tc, keep, coefs)  # (C, V)
+                g = g if g.dtype == mm else g.to(mm)  # no aten::to call when already there (fp32)
                 if gx.dtype == mm:
                     torch.mm(g, wm, out=gx[i:i + rows])
                 else:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# imported once here, not in global_module_hooks: every residual block's dropout asks it per forward
+from torch.nn.modules import module as _torch_module
+
 
 def should_accumulate(trainer) -> bool:
     """Lightning: this micro-batch does not end an update (a checkpoint saved now would split one)."""
@@ -44,9 +47,7 @@ def drop_wandb_init_key(logger, key: str) -> None:
 
 def global_module_hooks() -> bool:
     """torch: forward hooks registered for every module (a profiler measuring each module's output)."""
-    from torch.nn.modules import module
-
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
 # Lightning's private methods normlab's subclasses override, by class: tests/test_private_api.py

@@ -304,9 +304,33 @@ def _group(queries: int, keys: int) -> int:
     return queries // keys
 
 
+class _KeyMask:
+    """SDPA's (B, 1, 1, S) boolean mask (True = attend, the opposite of key_padding_mask's True =
+    pad) of the last key_padding_mask seen. One forward hands the same (B, S) tensor to every
+    encoder self-attention and cross-attention, so the mask is built once, not per layer (issue 21).
+    Keyed by the tensor object and its version counter (an in-place change makes it stale); the
+    memo holds that tensor, so its id cannot be reused while memoised. Built afresh under
+    torch.compile (the graph computes it) and for inference tensors (no version counter)."""
+
+    def __init__(self):
+        self.source: torch.Tensor | None = None
+        self.version = -1
+        self.mask: torch.Tensor | None = None
+
+    def __call__(self, key_padding_mask: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or key_padding_mask.is_inference():
+            return ~key_padding_mask[:, None, None, :]
+        if key_padding_mask is not self.source or key_padding_mask._version != self.version:
+            self.mask = ~key_padding_mask[:, None, None, :]
+            self.source, self.version = key_padding_mask, key_padding_mask._version
+        return self.mask
+
+
+_key_mask = _KeyMask()
+
+
 def _attention_mask(key_padding_mask, causal: bool, tq: int, tk: int, device):
-    # SDPA's boolean mask means True = attend, the opposite of key_padding_mask's True = pad.
-    mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    mask = None if key_padding_mask is None else _key_mask(key_padding_mask)  # (B, 1, 1, S)
     if not causal or tq == 1:
         return mask, False  # one new query attends to the whole cached prefix
     if mask is None and tq == tk:

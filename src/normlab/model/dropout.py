@@ -27,7 +27,8 @@ def _keep_mask(x: torch.Tensor, drop: int) -> torch.Tensor:
     # (x.shape) bool, True with probability 1 - drop / 2^16: four int16 uniforms per int64 draw.
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)
-    u = bits.view(torch.int16)[:n].view(x.shape)  # uniform on [-2^15, 2^15)
+    u = bits.view(torch.int16)  # uniform on [-2^15, 2^15)
+    u = (u if n % 4 == 0 else u[:n]).view(x.shape)  # the slice only when it cuts: one op less per call
     return u >= drop - (1 << 15)
 
 
@@ -60,16 +61,26 @@ def _fast(x: torch.Tensor, p: float, training: bool) -> int | None:
 
 class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._identity():
+            return x
         drop = _fast(x, self.p, self.training)
         return F.dropout(x, self.p, self.training) if drop is None else _CpuDropout.apply(x, None, drop)
+
+    def _identity(self) -> bool:
+        # p = 0 or eval: F.dropout would return x itself (ATen's dropout returns its input then, on
+        # every device), so skip its Python and its op: 23 calls per forward at the tiny shape without
+        # dropout (issue 21).
+        return self.p == 0.0 or not self.training
 
     def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + dropout(x), in one pass and one new tensor on CPU. With forward hooks on this
         module (Admin's authors' profiling measures Var[drop(F(x))]) it is residual + self(x), so
         the hooks see the dropped branch."""
-        drop = _fast(x, self.p, self.training)
         if self._forward_hooks or self._forward_pre_hooks or global_module_hooks():
             return residual + self(x)
+        if self._identity():
+            return residual + x
+        drop = _fast(x, self.p, self.training)
         if drop is None:
             return residual + F.dropout(x, self.p, self.training)
         return _CpuDropout.apply(x, residual, drop)
