@@ -1,6 +1,6 @@
-"""signals.deferred: a signal that arrives while the W&B run is being closed (after results.json is
+"""signals.deferred: a signal that arrives while the loggers are being closed (after results.json is
 written) waits for the close, then reaches the handler from before (a second SIGTERM once cut
-wandb.finish off with the default action)."""
+wandb.finish off with the default action, and the CSV logger after it)."""
 import os
 import signal
 import types
@@ -14,14 +14,28 @@ def test_a_signal_inside_the_block_reaches_the_old_handler_after_it():
     try:
         with deferred():
             os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)  # the same signal twice: handled once, as the OS would
             order.append(list(got))  # nothing handled inside
         order.append(list(got))
         assert order == [[], [signal.SIGTERM]]
         os.kill(os.getpid(), signal.SIGTERM)  # the old handler is back
-        assert got == [signal.SIGTERM, signal.SIGTERM]
+        assert got == [signal.SIGTERM] * 2
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_the_same_signal_twice_inside_the_block_is_handled_at_once():
+    """A close that hangs still stops: the second Ctrl-C / SIGTERM reaches the old handler then."""
+    got, order = [], []
+    old = signal.signal(signal.SIGINT, lambda n, f: got.append(n))
+    try:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            order.append(list(got))
+            os.kill(os.getpid(), signal.SIGINT)
+            order.append(list(got))
+        assert order == [[], [signal.SIGINT]] and got == [signal.SIGINT] * 2  # the held one at the end
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_finish_loggers_closes_the_wandb_run_before_a_signal_is_handled(monkeypatch):
@@ -39,10 +53,11 @@ def test_finish_loggers_closes_the_wandb_run_before_a_signal_is_handled(monkeypa
 
     monkeypatch.setattr(wandb, "finish", finish)
     WandbLogger = type("WandbLogger", (), {})
+    csv = types.SimpleNamespace(finalize=lambda status: events.append(("csv", status)))  # closed after W&B
     old = signal.signal(signal.SIGTERM, lambda n, f: events.append(("SIGTERM", n)))
     try:
-        loggers.finish_loggers([WandbLogger()], {"status": "completed", "test_bleu": 1.0})
+        loggers.finish_loggers([WandbLogger(), csv], {"status": "completed", "test_bleu": 1.0})
     finally:
         signal.signal(signal.SIGTERM, old)
-    assert events == [("finished", 0), ("SIGTERM", signal.SIGTERM)]
+    assert events == [("finished", 0), ("csv", "success"), ("SIGTERM", signal.SIGTERM)]
     assert run.summary == loggers.wandb_summary({"status": "completed", "test_bleu": 1.0})  # written before the close

@@ -171,9 +171,9 @@ def test_no_module_imports_another_modules_private_names():
 
 
 def test_every_scheme_is_in_the_study_tools():
-    """Issue 20, item 3: every registered scheme is an arm of the output-change study and of a
-    deep-stack sweep (+sweep=deep_stack or deep_stack_recent, and each one's _paper preset); a new
-    scheme that is left out of them fails here. The arms name a scheme through conf/arm/*.yaml's
+    """Issue 20, item 3: every registered scheme, and every arm in conf/arm/, is an arm of the
+    output-change study and of a deep-stack sweep (+sweep=deep_stack or deep_stack_recent, and each
+    one's _paper preset); a new scheme or arm that is left out of them fails here. The arms name a scheme through conf/arm/*.yaml's
     norm group (conf/norm/*.yaml's placement) or, in output_change, model.norm.placement."""
     import yaml
 
@@ -190,9 +190,13 @@ def test_every_scheme_is_in_the_study_tools():
         node = yaml.safe_load((conf / "norm" / f"{norm}.yaml").read_text())
         return node.get("placement", "post")
 
+    arm_files = {p.stem for p in (conf / "arm").glob("*.yaml")}
     for paper in ("", "_paper"):
         swept = set()
         for sweep in ("deep_stack", "deep_stack_recent"):
             node = yaml.safe_load((conf / "sweep" / f"{sweep}{paper}.yaml").read_text())
-            swept |= {placement(a) for a in node["hydra"]["sweeper"]["params"]["+arm"].split(",")}
-        assert swept == set(SCHEMES), (paper, set(SCHEMES) ^ swept)
+            swept |= set(node["hydra"]["sweeper"]["params"]["+arm"].split(","))
+        assert {placement(a) for a in swept} == set(SCHEMES), (paper, set(SCHEMES) ^ {placement(a) for a in swept})
+        # and every arm (hyper-connections, DLCL, DenseFormer, QK-norm, ... are arms, not placements)
+        assert swept == arm_files, (paper, arm_files ^ swept)
+    assert len(study["arms"]) == len(arm_files)  # output_change: one probe arm per arm file

@@ -36,7 +36,7 @@ def test_results_json(finished_run):
     # what trained it, in the words the studies' cost reads back: the share of the machine it used
     m = re.fullmatch(r"cpu: (\S+), (\d+) cores, (\d+) (thread|threads)", saved["device"])
     assert m, saved["device"]
-    n, cores = torch.get_num_threads(), os.cpu_count()
+    n, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))  # the cores it may use
     assert (m[1], int(m[2]), int(m[3]), m[4]) == (platform.machine(), cores, n, "thread" if n == 1 else "threads")
     assert machine_share(saved) == min(1.0, n / cores)
     assert saved["params"] == results["params"] > 0

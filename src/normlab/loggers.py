@@ -89,6 +89,11 @@ def wandb_summary(results: dict) -> dict:
 def finish_loggers(loggers: list, results: dict | None = None) -> None:
     """Copy results.json's scores into the W&B run summary (so the dashboard and `report --wandb`
     see diverged / failed runs too), then close each run, so each multirun job is its own run."""
+    with deferred():  # a signal now (a second SIGTERM) is handled once every logger is closed
+        _finish(loggers, results)
+
+
+def _finish(loggers: list, results: dict | None) -> None:
     for logger in loggers or []:
         if _is_wandb(logger):
             import wandb
@@ -102,9 +107,7 @@ def finish_loggers(loggers: list, results: dict | None = None) -> None:
                             del wandb.run.summary[key]
                         except KeyError:
                             pass
-                # W&B's run state says what results.json says: a crash is "failed" in both; a
-                # signal now (a second SIGTERM) is handled once the run is closed (signals.deferred)
-                with deferred():
-                    wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
+                # W&B's run state says what results.json says: a crash is "failed" in both
+                wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
         else:
             logger.finalize("success" if (results or {}).get("status") == Status.COMPLETED else "failed")

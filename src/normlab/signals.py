@@ -58,18 +58,30 @@ class Signalled(SystemExit):
 @contextmanager
 def deferred(signals=(signal.SIGINT, *SIGNALS.values())) -> Iterator[None]:
     """Signals that arrive inside the block wait for its end, then go to the handlers from before it
-    (re-raised, once each, in the order they came): closing the W&B run after results.json is
+    (re-raised, once each, in the order they came): closing the loggers after results.json is
     written (loggers.finish_loggers) is not cut off by a second SIGTERM, which is handled after it,
-    as if it had come a moment later. Off the main thread, where handlers cannot be set, a no-op."""
+    as if it had come a moment later. The same signal twice inside the block is handled at once
+    (a close that hangs still stops on a second Ctrl-C). Off the main thread, a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
-    before = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in signals}
+    before: dict[int, Any] = {}
+
+    def restore() -> None:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+    def hold(signum: int, frame) -> None:
+        if signum in came:  # the same signal again: the user means it (a hung close); handled now
+            restore()
+            signal.raise_signal(signum)
+        came.append(signum)
+
+    before.update({s: signal.signal(s, hold) for s in signals})
     try:
         yield
     finally:
-        for s, handler in before.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        restore()
         for signum in dict.fromkeys(came):
             signal.raise_signal(signum)

@@ -131,26 +131,36 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     if iv is None:
         iv = paired_t([A[s].metric(ma) for s in seeds], [B[s].metric(mb) for s in seeds])
     v.interval = iv
-    v.verdict = verdict_of(iv, claim, claim.direction == "lower" if claim.direction else lower_is_better(ma))
+    lower = claim.direction == "lower" if claim.direction else lower_is_better(ma)
+    v.verdict = verdict_of(iv, claim, lower)
+    if set(A) != set(B):  # an arm with extra seeds: the claim pairs the seeds both ran
+        v.means = {a: _mean([A[s].metric(ma) for s in seeds]), b: _mean([B[s].metric(mb) for s in seeds])}
+        v.note = "; ".join(filter(None, [v.note, f"paired on seeds {', '.join(map(str, seeds))}"]))
     if len(seeds) < 3:
-        v.seeds_rule = seeds_rule([A[s].metric(ma) - B[s].metric(mb) for s in seeds])
+        v.seeds_rule = seeds_rule([A[s].metric(ma) - B[s].metric(mb) for s in seeds], claim, lower)
         v.note = "; ".join(filter(None, [v.note, v.seeds_rule["text"]]))
     return v
 
 
-def seeds_rule(diffs: list[float]) -> dict:
+def seeds_rule(diffs: list[float], claim: Claim, lower_better: bool = False) -> dict:
     """The issue's rule for fewer than 3 seeds: 2 paired seeds are enough when the mean difference
-    is more than 3 standard deviations of the seeds' differences (the sd the t interval uses); with
-    1 seed the spread over seeds is not measured, so it never is."""
+    is more than 3 standard deviations of the seeds' differences (the sd the t interval uses) from
+    the claim's decision boundary: zero for compare, the margin for similar (|mean| against it) and
+    no_worse (−margin in the paper's direction). With 1 seed the spread over seeds is not measured."""
     n, mean = len(diffs), float(np.mean(diffs))
+    sign = -1.0 if lower_better else 1.0
+    boundary = {"similar": abs(abs(mean) - (claim.margin or 0.0)),
+                "no_worse": abs(sign * mean + (claim.margin or 0.0))}.get(claim.kind, abs(mean))
+    what = "the difference" if claim.kind == "compare" else f"the difference's distance from the margin {claim.margin:g}"
     sd = float(np.std(diffs, ddof=1)) if n > 1 else None
-    k = abs(mean) / sd if sd else (float("inf") if sd == 0 and mean else None)
+    k = boundary / sd if sd else (float("inf") if sd == 0 and boundary else None)
     enough = n == 2 and k is not None and k > 3
     text = (f"{n} paired seed{'s' if n > 1 else ''}: " +
-            (f"the difference is {k:.1f} sd of the seeds' differences" if k is not None and k != float("inf")
+            (f"{what} is {k:.1f} sd of the seeds' differences" if k is not None and k != float("inf")
              else "the seeds' spread is not measured" if n < 2 else "the seeds' differences are equal")
-            + ("; enough by the rule (> 3 sd with 2 seeds)" if enough else "; a third seed is needed (the rule: "
-               "3 seeds, or 2 with a difference > 3 sd)"))
+            + ("; enough by the rule (> 3 sd with 2 seeds)" if enough else
+               "; a third seed is needed (the rule: 3 seeds, or 2 with > 3 sd)" if n == 2 else
+               "; two more seeds are needed (the rule: 3 seeds, or 2 with > 3 sd)"))
     return {"seeds": n, "effect_sd": None if k is None or k == float("inf") else round(k, 2), "enough": enough,
             "text": text}
 

@@ -32,10 +32,10 @@ def mean_sd(values: list[float]) -> str:
 
 
 def _flat(prefix: str, node) -> list[str]:
-    # A probe arm's model options as the dotted settings they are (model.norm.placement=post), so its
-    # row names what it ran as a training arm's row names its overrides.
+    # A probe arm's ModelConfig options as dotted paths (model.norm.placement=post; not train.py
+    # overrides), so its row names what it ran as a training arm's row names its overrides.
     if not isinstance(node, dict):
-        return [] if node is None else [f"{prefix}={node}"]
+        return [] if node is None else [f"{prefix}={str(node).lower() if isinstance(node, bool) else node}"]
     return [kv for k, v in node.items() for kv in _flat(f"{prefix}.{k}", v)]
 
 
@@ -143,7 +143,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     lines += probe_lines
     metrics = study.table_metrics
     lines += ["## Arms (mean ± sd over completed seeds)", "",
-              "| arm | overrides | status | " + " | ".join(metrics) + " |",
+              f"| arm | {'model options' if study.kind == 'probe' else 'overrides'} | status | " + " | ".join(metrics) + " |",
               "|---|---|---|" + "---|" * len(metrics)]
     for row in rows:
         st = ", ".join(f"{k} {n}" for k, n in row["statuses"].items()) or "not run"

@@ -155,7 +155,7 @@ def _stale_copy(record: Path, src: Path) -> bool:
         theirs = json.loads((src / "results.json").read_text())
     except (OSError, ValueError):
         return False
-    if mine.get("shared_from", {}).get("record") != src.name:
+    if (mine.get("shared_from") or {}) != {"study": src.parents[1].name, "record": src.name}:
         return False  # trained here, or adopted from another study's record: left as it is
     strip = lambda r: {k: v for k, v in r.items() if k not in ("study", "shared_from")}  # noqa: E731
     files = lambda d: {p.name: p.stat().st_size for p in d.iterdir() if p.name != "results.json"}  # noqa: E731

@@ -160,6 +160,10 @@ def load_study(name: str, budget: str = "full") -> Study:
         if unknown or len(node.get("arms") or []) < 2:
             raise UserError(f"{where}: best_of.{group}.arms", f"needs >= 2 of the study's arms (unknown: {unknown})",
                             list(arms))
+        # the pick compares the candidates' means: over different seeds, an extra seed could decide it
+        if len({arms[a].extra_seeds for a in node["arms"]}) > 1:
+            raise UserError(f"{where}: best_of.{group}.arms", "its arms must have the same extra_seeds (the pick "
+                            "compares their means over the same seeds)")
         node.setdefault("by", "valid_bleu")
     claims = []
     for i, node in enumerate(raw.get("claims") or []):
@@ -195,6 +199,8 @@ def load_study(name: str, budget: str = "full") -> Study:
     if kind == "probe":
         if not probe.get("depths"):
             raise UserError(f"{where}: probe.depths", "missing")
+        if any(a.extra_seeds for a in arms.values()):  # a probe is cheap: every arm runs the study's seeds
+            raise UserError(f"{where}: arms.<arm>.extra_seeds", "not for a probe study (give the study more seeds)")
         extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
         if budget != "full":
             probe.update((budgets.get(budget) or {}).get("probe") or {"depths": [2, 4], "d_model": 32})
