@@ -127,6 +127,13 @@ def test_key_mask_built_once_follows_a_changed_or_new_pad_mask():
     with torch.inference_mode():
         inf_pad = pad.clone()
         assert torch.equal(attn(x, key_padding_mask=inf_pad), changed)
+    # a normal mask first seen in inference mode: a later grad-mode call must not get an inference tensor
+    from normlab.model.attention import _KeyMask
+
+    memo, plain = _KeyMask(), torch.zeros(2, 3, dtype=torch.bool)
+    with torch.inference_mode():
+        memo(plain)
+    assert not memo(plain).is_inference() and memo(plain) is memo(plain)
 
 
 def test_residual_block_formulas():

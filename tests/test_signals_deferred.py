@@ -33,9 +33,34 @@ def test_the_same_signal_twice_inside_the_block_is_handled_at_once():
             order.append(list(got))
             os.kill(os.getpid(), signal.SIGINT)
             order.append(list(got))
-        assert order == [[], [signal.SIGINT]] and got == [signal.SIGINT] * 2  # the held one at the end
+        assert order == [[], [signal.SIGINT]] and got == [signal.SIGINT]  # once, as the OS would merge them
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def test_a_repeated_signal_reaches_a_raising_handler_once_each(monkeypatch):
+    """An old handler that raises (Python's SIGINT default, submitit's requeue-then-exit): the second
+    signal reaches it at once and the held first one is not raised again on the way out."""
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def handler(n, f):
+        calls.append(n)
+        raise Stop
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        try:
+            with deferred():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGUSR1)
+        except Stop as e:
+            assert e.__context__ is None  # one exception, not a second raised while the first unwinds
+        assert calls == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
 
 
 def test_finish_loggers_closes_the_wandb_run_before_a_signal_is_handled(monkeypatch):

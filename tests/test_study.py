@@ -97,6 +97,8 @@ def test_run_names_of_started_studies_are_pinned(tmp_path):
 @pytest.mark.parametrize("bad, where", [
     (claim(better="nope"), "'nope' is not an arm"),
     (claim(kind="maybe"), "kind: 'maybe' is not a kind"),
+    (claim(kind="similar", margin=None), "margin: None: a similar claim needs a positive number"),
+    (claim(kind="no_worse", margin=-1), "margin: -1: a no_worse claim needs a positive number"),
     (claim(interval="z"), "interval: 'z' is not an interval"),
     ({"id": "c", "better": "a", "than": "b1"}, "claims[0].claim: missing"),
 ])

@@ -102,6 +102,18 @@ def test_the_rule_measures_the_distance_from_the_claims_boundary(tmp_path, kind,
     assert "distance from the margin 1" in v.note
 
 
+def test_the_rule_for_a_lower_is_better_no_worse_claim(tmp_path):
+    """valid_nll (lower is better), A no worse than B by 1: A − B of 0.85 and 0.95 lies 0.1 from the
+    boundary +1 (sd 0.071: 1.4 sd), not enough; the index cell says it is measured from the margin."""
+    from normlab.study.readme import seeds_mark
+
+    rows = [("a", s, {"valid_nll": x}) for s, x in ((1, 2.85), (2, 2.95))]
+    rows += [("b1", s, {"valid_nll": 2.0}) for s in (1, 2)]
+    v = verdicts(tmp_path, [claim(kind="no_worse", margin=1.0, metric="valid_nll")], rows)["c"]
+    assert v.seeds_rule["effect_sd"] == pytest.approx(0.1 / (0.1 / 2 ** 0.5), abs=0.01) and not v.seeds_rule["enough"]
+    assert seeds_mark(v.seeds_rule) == ", 1.4 sd from the margin: a 3rd seed needed"
+
+
 def test_extra_seeds_are_refused_where_they_would_mislead(tmp_path):
     """A best_of group whose candidates run different seeds (the pick compares their means) and a
     probe study (every arm runs the study's seeds) refuse extra_seeds, naming the key."""
@@ -110,6 +122,9 @@ def test_extra_seeds_are_refused_where_they_would_mislead(tmp_path):
                                              "  b1: {overrides: [norm=postnorm, optim.lr=1e-3], extra_seeds: [4]}"))
     with pytest.raises(UserError, match=r"best_of.b_best.arms: its arms must have the same extra_seeds"):
         load_study(str(path))
+    both = path.read_text().replace("  b2: {overrides: [norm=postnorm]}", "  b2: {overrides: [norm=postnorm], extra_seeds: [3, 4]}")
+    path.write_text(both.replace("extra_seeds: [4]}", "extra_seeds: [4, 3, 3]}"))  # the same seeds beyond the study's
+    assert load_study(str(path)).seeds_of(load_study(str(path)).arms["b1"]) == (1, 2, 3, 4)
     probe = tmp_path / "p.yaml"
     probe.write_text("title: t\npaper: p\nquestion: q\nkind: probe\nprobe: {depths: [2, 4]}\nseeds: [1]\n"
                      "arms:\n  a: {model: {norm: {placement: pre}}, extra_seeds: [2]}\n")

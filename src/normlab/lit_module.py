@@ -174,8 +174,10 @@ class Seq2SeqModule(L.LightningModule):
         # fp16 loss scaling + clipping, which Lightning refuses for optimizers that unscale inside
         # step(); there torch's default (foreach on GPU). CPU: foreach, whose result is torch's
         # default per-parameter loop's bit for bit (the same ops per tensor, looped in C++; CPU's
-        # fused kernel is not: tests/test_speed.py), without that loop's Python per parameter
-        # (~26 calls and a host sync each: 131 tensors at the tiny shape, issue 21).
+        # fused kernel is not: tests/test_speed.py), with fewer ops called from Python (issue 21;
+        # torch's Adam still reads each parameter's step with .item(), free on CPU). A resumed run
+        # keeps the flags its checkpoint saved (torch's load_state_dict restores a group's options):
+        # a CPU run from before this kept its loop, bit for bit the same, only slower.
         if all(p.device.type == "cpu" for p in self.parameters()):
             return {"foreach": True}
         if not all(p.device.type == "cuda" for p in self.parameters()):

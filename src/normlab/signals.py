@@ -73,9 +73,11 @@ def deferred(signals=(signal.SIGINT, *SIGNALS.values())) -> Iterator[None]:
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
     def hold(signum: int, frame) -> None:
-        if signum in came:  # the same signal again: the user means it (a hung close); handled now
+        if signum in came:  # the same signal again: the user means it (a hung close); handled now,
+            came.remove(signum)  # once: the held copy is not raised again at the end
             restore()
             signal.raise_signal(signum)
+            return
         came.append(signum)
 
     before.update({s: signal.signal(s, hold) for s in signals})

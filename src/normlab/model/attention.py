@@ -308,22 +308,26 @@ class _KeyMask:
     """SDPA's (B, 1, 1, S) boolean mask (True = attend, the opposite of key_padding_mask's True =
     pad) of the last key_padding_mask seen. One forward hands the same (B, S) tensor to every
     encoder self-attention and cross-attention, so the mask is built once, not per layer (issue 21).
-    Keyed by the tensor object and its version counter (an in-place change makes it stale); the
-    memo holds that tensor, so its id cannot be reused while memoised. Built afresh under
-    torch.compile (the graph computes it) and for inference tensors (no version counter)."""
+    Keyed by the tensor object and its version counter (an in-place change makes it stale; writes
+    that bypass the counter, through .numpy(), DLPack or .data, are not seen: normlab's masks are
+    fresh src.eq(pad) tensors); the memo holds that tensor, so its id cannot be reused while
+    memoised. Built afresh under torch.compile (the graph computes it) and in inference mode (no
+    version counter; an inference tensor must not be handed to a later grad-mode call). One tuple,
+    read and written whole, so a thread cannot pair one call's mask with another's."""
 
     def __init__(self):
-        self.source: torch.Tensor | None = None
-        self.version = -1
-        self.mask: torch.Tensor | None = None
+        self.memo: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (source, its version, mask)
 
     def __call__(self, key_padding_mask: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() or key_padding_mask.is_inference():
+        if (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                or key_padding_mask.is_inference()):
             return ~key_padding_mask[:, None, None, :]
-        if key_padding_mask is not self.source or key_padding_mask._version != self.version:
-            self.mask = ~key_padding_mask[:, None, None, :]
-            self.source, self.version = key_padding_mask, key_padding_mask._version
-        return self.mask
+        memo = self.memo
+        if memo is not None and memo[0] is key_padding_mask and memo[1] == key_padding_mask._version:
+            return memo[2]
+        mask = ~key_padding_mask[:, None, None, :]
+        self.memo = (key_padding_mask, key_padding_mask._version, mask)
+        return mask
 
 
 _key_mask = _KeyMask()

@@ -12,9 +12,10 @@
 - fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
 - trains (A trains where the paper says it does): the reverse of fails.
-Seeds (issue 17: at least 3, unless the effect is larger than 3 standard deviations with 2): a compare
-claim with fewer than 3 paired seeds notes how many standard deviations of the seeds' paired
-differences its mean difference is, and whether that is enough by this rule (`seeds_rule`).
+Seeds (issue 17: at least 3, unless the effect is larger than 3 standard deviations with 2): a claim
+judged on fewer than 3 paired seeds notes how many standard deviations of the seeds' paired
+differences its mean difference lies from the claim's decision boundary (zero for compare, the
+margin for similar and no_worse), and whether that is enough by this rule (`seeds_rule`).
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
 metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
 comparison.
@@ -149,9 +150,10 @@ def seeds_rule(diffs: list[float], claim: Claim, lower_better: bool = False) -> 
     no_worse (−margin in the paper's direction). With 1 seed the spread over seeds is not measured."""
     n, mean = len(diffs), float(np.mean(diffs))
     sign = -1.0 if lower_better else 1.0
-    boundary = {"similar": abs(abs(mean) - (claim.margin or 0.0)),
-                "no_worse": abs(sign * mean + (claim.margin or 0.0))}.get(claim.kind, abs(mean))
+    boundary = {"similar": abs(abs(mean) - claim.margin),
+                "no_worse": abs(sign * mean + claim.margin)}.get(claim.kind, abs(mean))
     what = "the difference" if claim.kind == "compare" else f"the difference's distance from the margin {claim.margin:g}"
+    # (a similar / no_worse claim's margin is a positive number: spec.load_study checks it)
     sd = float(np.std(diffs, ddof=1)) if n > 1 else None
     k = boundary / sd if sd else (float("inf") if sd == 0 and boundary else None)
     enough = n == 2 and k is not None and k > 3
@@ -162,7 +164,7 @@ def seeds_rule(diffs: list[float], claim: Claim, lower_better: bool = False) -> 
                "; a third seed is needed (the rule: 3 seeds, or 2 with > 3 sd)" if n == 2 else
                "; two more seeds are needed (the rule: 3 seeds, or 2 with > 3 sd)"))
     return {"seeds": n, "effect_sd": None if k is None or k == float("inf") else round(k, 2), "enough": enough,
-            "text": text}
+            "from_margin": claim.kind != "compare", "text": text}
 
 
 def verdict_of(iv: Interval, claim: Claim, lower_better: bool) -> str:

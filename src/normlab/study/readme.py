@@ -290,11 +290,12 @@ def cost_table(folder: Path) -> list[str]:
 
 
 def seeds_mark(rule: dict | None) -> str:
-    # Fewer than 3 seeds (claims.seeds_rule): the difference in sd of the seeds' differences, and
-    # whether the issue's rule asks for a third seed.
+    # Fewer than 3 seeds (claims.seeds_rule): the difference's distance from the claim's boundary
+    # (zero, or the margin) in sd of the seeds' differences, and whether the rule asks a third seed.
     if not rule:
         return ""
-    k = f", {rule['effect_sd']:.1f} sd" if rule.get("effect_sd") is not None else ""
+    k = (f", {rule['effect_sd']:.1f} sd" + (" from the margin" if rule.get("from_margin") else "")
+         if rule.get("effect_sd") is not None else "")
     return k + ("" if rule["enough"] else ": a 3rd seed needed" if rule["seeds"] == 2 else ": more seeds needed")
 
 

@@ -161,7 +161,7 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{where}: best_of.{group}.arms", f"needs >= 2 of the study's arms (unknown: {unknown})",
                             list(arms))
         # the pick compares the candidates' means: over different seeds, an extra seed could decide it
-        if len({arms[a].extra_seeds for a in node["arms"]}) > 1:
+        if len({frozenset(arms[a].extra_seeds) - set(raw.get("seeds") or [1]) for a in node["arms"]}) > 1:
             raise UserError(f"{where}: best_of.{group}.arms", "its arms must have the same extra_seeds (the pick "
                             "compares their means over the same seeds)")
         node.setdefault("by", "valid_bleu")
@@ -179,6 +179,9 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
         if c.interval not in INTERVALS:
             raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
+        if c.kind in ("similar", "no_worse") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
+                                                     and c.margin > 0):
+            raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
         for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
             if side not in arms and side not in best_of:
                 raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
