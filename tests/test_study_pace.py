@@ -70,6 +70,6 @@ def test_a_study_part_way_says_how_many_runs_it_has():
 
     from normlab.study.readme import _unfinished
 
-    study = SimpleNamespace(arms={"a": 1, "b": 2}, seeds=[1, 2], kind="train")
+    study = SimpleNamespace(arms={"a": 1, "b": 2}, seeds=[1, 2], kind="train", planned=4)  # Study.planned: test_study_seeds
     assert _unfinished(study, {"runs": 3}) == "; 3 of 4 planned runs recorded, the same command continues"
     assert _unfinished(study, {"runs": 4}) == ""
