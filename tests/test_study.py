@@ -176,6 +176,7 @@ def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
     record(out, "a", 1, wall_s=3600.0, device="cpu: x86_64, 2 cores, 1 thread", study={"jobs": 2})
     record(out, "a", 2, wall_s=1800.0, device="cuda: NVIDIA A100 x 2")
     record(out, "b1", 1, wall_s=360.0)  # a record from before results.json named the device
+    record(out, "b1", 2, wall_s=0.0, device="cpu: x86_64, 2 cores, 1 threads")  # before d292872: the same device
     c = cost(load_records(out))
     assert c["devices"] == ["cpu: x86_64, 2 cores, 1 thread", "cuda: NVIDIA A100 x 2", "device not recorded"]
     assert abs(c["machine_hours"] - (0.5 + 0.5 + 0.1)) < 1e-9  # the 2-job run counts half its wall time

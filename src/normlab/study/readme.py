@@ -71,7 +71,9 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
     hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600 * machine_share(r.results)
              for r in own}
-    devices = sorted({str(r.results.get("device") or "device not recorded") for r in recs})  # shared ones too
+    # shared ones too; records from before d292872 say "1 threads": one device, spelled as today
+    devices = sorted({re.sub(r"\b1 threads$", "1 thread", str(r.results.get("device") or "device not recorded"))
+                      for r in recs})
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
             "devices": devices,
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
