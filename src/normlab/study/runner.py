@@ -237,6 +237,7 @@ class Sweep:
         self.running: dict[subprocess.Popen, tuple[Job, str, float]] = {}
         self.stopping = 0
         self.failed: list[str] = []
+        self.total, self.recorded, self.recorded_before, self.started = len(jobs), 0, 0, time.time()  # run() sets
         runs.mkdir(parents=True, exist_ok=True)
         (runs / "logs").mkdir(exist_ok=True)
         self.log_file = open(runs / "study.log", "a", encoding="utf-8")
@@ -277,7 +278,18 @@ class Sweep:
             self.say(f"prune {job.tag}")
             return
         write_record(self.study, job, res, self.parallel)
-        self.say(f"done  {job.tag}: {_summary(res)}")
+        self.recorded += 1
+        self.say(f"done  {job.tag}: {_summary(res)} ({self._progress()})")
+
+    def _progress(self) -> str:
+        """'k of N recorded' and, once this sweep has finished a run, the time left at its pace so far
+        (its wall clock per run finished: the jobs beside each other are in it)."""
+        text = f"{self.recorded} of {self.total} recorded"
+        left, finished = self.total - self.recorded, self.recorded - self.recorded_before
+        if left and finished:
+            secs = int((time.time() - self.started) / finished * left)
+            text += f"; about {secs // 3600}:{secs // 60 % 60:02d} left at this sweep's pace"
+        return text
 
     def _signal(self, signum, frame) -> None:
         self.stopping = signum
@@ -287,8 +299,10 @@ class Sweep:
     def run(self) -> int:
         """0 when every job finished; 128+signal when stopped by one."""
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        total = len(self.todo)
+        total = self.total = len(self.todo)
         done = [j for j in self.todo if record_done(j)]
+        self.recorded = self.recorded_before = len(done)
+        self.started = time.time()
         self.todo = [j for j in self.todo if j not in done]
         self.say(f"study {self.study.name} ({self.study.budget}): {total} runs, {len(done)} already recorded, "
                  f"{len(self.todo)} to run, {self.parallel} at a time")
