@@ -5,6 +5,7 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study twt_lowres --jobs 1          # one run at a time (default on a CPU: 2, a core each)
     normlab-study twt_lowres study.budget=smoke   # the machinery in seconds (a test, not a result)
     normlab-study twt_lowres --report-only     # judge and write the README from the records alone
+    normlab-study twt_lowres --status          # each planned run's state and the machine-hours left
     normlab-study twt_lowres trainer.accelerator=gpu   # the same runs on a GPU, one at a time
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
@@ -44,6 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--runs", default=None, help="run folders (default: studies/runs, shared by the studies)")
     ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README "
                     "(records of the same runs other studies hold are copied in first)")
+    ap.add_argument("--status", action="store_true", help="each planned run's state (recorded, training now, "
+                    "stopped part-way, not started) and the machine-hours left; runs and writes nothing")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
     args.launch, accelerator = [], "cpu"  # conf/trainer/cpu.yaml: the runs' default
@@ -83,6 +86,18 @@ def default_jobs(accelerator: str = "cpu") -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def _status(study, runs: Path, out: Path, records: Path | None) -> int:
+    from normlab.study.runner import plan
+    from normlab.study.status import status_lines
+
+    if study.kind == "probe":
+        print(f"{study.name}: a probe study (measurements at init, no runs to track): "
+              f"`normlab-study {study.name}` measures it in one go")
+        return 0
+    print("\n".join(status_lines(study, plan(study, runs, out), records)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from normlab.study.claims import judge, read_refs
     from normlab.study.readme import update_index, write_study
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(args.runs) if args.runs else (Path("studies") / "runs" if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
+    if args.status:
+        return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)
     failed = 0
     if study.kind == "probe":
         from normlab.study.probe import run_probe

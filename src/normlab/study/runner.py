@@ -109,20 +109,7 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
     <records>/<study>/runs/): its record is copied into this study's, marked `shared_from`, so a run
     two studies share is trained once on any machine, not only where its run folder still is. A
     pruned arm adopts only a record with the prune's translations. Returns the jobs adopted."""
-    if not records.is_dir():
-        return []
-    index: dict[str, Path] = {}
-    for res_path in sorted(records.glob("*/runs/*/results.json")):
-        if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
-            continue
-        try:
-            res = json.loads(res_path.read_text())
-        except ValueError:
-            continue
-        if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
-            trained_here = res.get("group") == f"study-{res_path.parents[2].name}"  # the study that trained it
-            if trained_here or res["identity_hash"] not in index:
-                index[res["identity_hash"]] = res_path.parent
+    index = shared_index(records)
     adopted = []
     for job in jobs:
         src = index.get(job.identity_hash)
@@ -145,6 +132,24 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         say(f"shared {job.tag}: the run {src.parents[1].name}/{src.name} recorded (same identity)")
         adopted.append(job)
     return adopted
+
+
+def shared_index(records: Path) -> dict[str, Path]:
+    """{identity hash: the record of that run} over <records>/<study>/runs/: finished runs a study
+    trained (the study that trained a run wins over one that adopted it)."""
+    index: dict[str, Path] = {}
+    for res_path in sorted(records.glob("*/runs/*/results.json")) if records.is_dir() else []:
+        if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
+            continue
+        try:
+            res = json.loads(res_path.read_text())
+        except ValueError:
+            continue
+        if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
+            trained_here = res.get("group") == f"study-{res_path.parents[2].name}"  # the study that trained it
+            if trained_here or res["identity_hash"] not in index:
+                index[res["identity_hash"]] = res_path.parent
+    return index
 
 
 def _stale_copy(record: Path, src: Path) -> bool:
@@ -279,7 +284,7 @@ class Sweep:
             return
         write_record(self.study, job, res, self.parallel)
         self.recorded += 1
-        self.say(f"done  {job.tag}: {_summary(res)} ({self._progress()})")
+        self.say(f"done  {job.tag}: {run_summary(res)} ({self._progress()})")
 
     def _progress(self) -> str:
         """'k of N recorded' and, once this sweep has finished a run, the time left at its pace so far
@@ -343,7 +348,7 @@ class Sweep:
             self._next(job)
 
 
-def _summary(res: dict) -> str:
+def run_summary(res: dict) -> str:
     parts = [f"status {res.get('status')}"]
     for key, label in (("test_bleu", "test BLEU"), ("valid_bleu", "valid BLEU"), ("steps", "steps"),
                        ("wall_s", "wall s")):

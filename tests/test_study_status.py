@@ -1,0 +1,82 @@
+"""normlab-study NAME --status: each planned run's state, read from the records and run folders, and
+the machine-hours left, with nothing run, copied or written."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from normlab.run_folder import locked
+from normlab.study.runner import plan
+from normlab.study.spec import load_study
+from normlab.study.status import status_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = """title: t
+paper: p
+question: q
+seeds: [1, 2]
+arms:
+  a: {overrides: [norm=prenorm]}
+  b: {overrides: [norm=postnorm]}
+claims:
+  - {id: c, claim: a beats b, source: s, paper: '+1', better: a, than: b}
+"""
+
+
+def _setup(tmp_path):
+    path = tmp_path / "st.yaml"
+    path.write_text(STUDY)
+    study = load_study(str(path), "smoke")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    jobs = plan(study, runs, out)  # seed-major: a s1, b s1, a s2, b s2
+    rec = jobs[0].record
+    rec.mkdir(parents=True)  # a s1: recorded, an hour of the whole machine
+    (rec / "results.json").write_text(json.dumps({
+        "status": "completed", "identity_hash": jobs[0].identity_hash, "test_bleu": 12.5, "steps": 400,
+        "wall_s": 3600.0, "study": {"arm": "a", "seed": 1, "jobs": 1}}))
+    stopped = jobs[1].run_dir  # b s1: stopped at its step-200 checkpoint, half of its 400 steps
+    (stopped / "checkpoints").mkdir(parents=True)
+    (stopped / "checkpoints" / "full-step200.ckpt").write_bytes(b"")
+    (stopped / "checkpoints" / "full-step100.ckpt").write_bytes(b"")
+    (stopped / "train.log").write_text("[x] step 225/400 | loss 5.1\n[x] step 250/400 | loss 5.0\n")
+    running = jobs[2].run_dir  # a s2: training now (its folder held), no checkpoint yet
+    running.mkdir(parents=True)
+    (running / "train.log").write_text("[x] step 30/400 | loss 7.0\n")
+    return study, jobs, path, runs, out
+
+
+def test_each_run_has_its_state_and_the_time_left_is_estimated(tmp_path):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    with locked(jobs[2].run_dir):
+        lines = status_lines(study, jobs, None)
+    assert lines[0] == "st (smoke): 4 runs planned: 1 recorded, 1 training now, 1 stopped part-way, 1 not started"
+    assert "a seed 1  recorded: status completed, test BLEU 12.5, steps 400, wall s 3600.0" in lines[1]
+    assert lines[2].endswith("b seed 1  stopped part-way: its step-200 checkpoint of 400; the study continues it")
+    assert lines[3].endswith("a seed 2  training now: step 30 of 400")
+    assert lines[4].endswith("b seed 2  not started")
+    # left: half of b s1, all of a s2 and b s2, at the recorded run's 1.00 machine-hour each
+    assert lines[5].startswith("left: about 2.50 machine-hours (the mean of its 1 recorded runs, 1.00 h a run")
+    # not held: the same folder is a run that started and left no checkpoint (it starts over)
+    assert status_lines(study, jobs, None)[3].endswith("a seed 2  started, no checkpoint yet: starts over")
+
+
+def test_a_run_another_study_recorded_counts_as_recorded(tmp_path):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    other = tmp_path / "experiments" / "other" / "runs" / "b-s2"
+    other.mkdir(parents=True)
+    (other / "results.json").write_text(json.dumps({"status": "completed", "identity_hash": jobs[3].identity_hash,
+                                                    "group": "study-other"}))
+    lines = status_lines(study, jobs, tmp_path / "experiments")
+    assert lines[4].endswith("b seed 2  recorded by other (the same run): copied in when the study runs")
+    assert "2 recorded" in lines[0] and not jobs[3].record.exists()  # nothing copied
+
+
+def test_the_command_prints_the_status_and_writes_nothing(tmp_path):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    r = subprocess.run([sys.executable, "-m", "normlab.commands.study", str(path), "study.budget=smoke", "--status",
+                        "--out", str(out), "--runs", str(runs)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("st (smoke): 4 runs planned: 1 recorded, 1 stopped part-way")
+    assert "left: about 2.50 machine-hours" in r.stdout  # a s2's folder not held: not started, as b s2
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # no README, no study.log, no record
