@@ -41,7 +41,8 @@ def _setup(tmp_path):
     (stopped / "train.log").write_text("[x] step 225/400 | loss 5.1\n[x] step 250/400 | loss 5.0\n")
     running = jobs[2].run_dir  # a s2: training now (its folder held), no checkpoint yet
     running.mkdir(parents=True)
-    (running / "train.log").write_text("[x] step 30/400 | loss 7.0\n")
+    (running / "train.log").write_text("[x] step 25/400 | loss 7.1 | elapsed 0:00:20 | eta 0:05:00\n"
+                                       "[x] step 30/400 | loss 7.0 | tgt tok/s 4,161 | elapsed 0:00:24 | eta 0:04:56\n")
     return study, jobs, path, runs, out
 
 
@@ -52,7 +53,7 @@ def test_each_run_has_its_state_and_the_time_left_is_estimated(tmp_path):
     assert lines[0] == "st (smoke): 4 runs planned: 1 recorded, 1 training now, 1 stopped part-way, 1 not started"
     assert "a seed 1  recorded: status completed, test BLEU 12.5, steps 400, wall s 3600.0" in lines[1]
     assert lines[2].endswith("b seed 1  stopped part-way: its step-200 checkpoint of 400; the study continues it")
-    assert lines[3].endswith("a seed 2  training now: step 30 of 400")
+    assert lines[3].endswith("a seed 2  training now: step 30 of 400, training ends in about 0:04:56")
     assert lines[4].endswith("b seed 2  not started")
     # left: half of b s1, all of a s2 and b s2, at the recorded run's 1.00 machine-hour each
     assert lines[5].startswith("left: about 2.50 machine-hours (the mean of its 1 recorded runs, 1.00 h a run")

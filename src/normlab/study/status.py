@@ -22,24 +22,26 @@ from normlab.outcome import FINISHED
 from normlab.study.runner import Job, _pruned_as, record_done, run_results, run_summary, shared_index
 from normlab.study.spec import Study
 
-_STEP = re.compile(r"step (\d+)/(\d+)")
+_STEP = re.compile(r"step (\d+)/(\d+)(?:.*?\| eta (\d+:\d\d:\d\d))?")
 
 
-def _progress(run_dir: Path) -> tuple[int, int | None, int | None]:
-    """(the step of its last full checkpoint, the step its log last reached, the steps planned)."""
+def _progress(run_dir: Path) -> tuple[int, int | None, int | None, str]:
+    """(the step of its last full checkpoint, the step its log last reached, the steps planned, the
+    training time left its log last estimated)."""
     ckpts = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("full-step*.ckpt")
              if (m := re.fullmatch(r"full-step(\d+)\.ckpt", p.name))]
     last = planned = None
+    eta = ""
     try:
         with open(run_dir / "train.log", "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 8192))
             found = _STEP.findall(f.read().decode(errors="replace"))
         if found:
-            last, planned = int(found[-1][0]), int(found[-1][1])
+            last, planned, eta = int(found[-1][0]), int(found[-1][1]), found[-1][2]
     except OSError:
         pass
-    return max(ckpts, default=0), last, planned
+    return max(ckpts, default=0), last, planned, eta
 
 
 def job_state(job: Job, shared: dict[str, Path]) -> tuple[str, str, float]:
@@ -56,14 +58,15 @@ def job_state(job: Job, shared: dict[str, Path]) -> tuple[str, str, float]:
     if not job.run_dir.is_dir():
         return "not started", "not started", 0.0
     res = run_results(job) or {}
-    ckpt, last, planned = _progress(job.run_dir)
+    ckpt, last, planned, eta = _progress(job.run_dir)
     if res.get("status") in FINISHED:
         return "finished", f"finished ({run_summary(res)}); recorded when the study next runs", 1.0
     of = f" of {planned}" if planned else ""
     done = ckpt / planned if planned else 0.0
     if held_elsewhere(job.run_dir):
         since = f" (its step-{ckpt} checkpoint kept if stopped)" if ckpt else ""
-        return "training now", f"training now: step {last or 0}{of}{since}", done
+        left = f", training ends in about {eta}" if eta else ""
+        return "training now", f"training now: step {last or 0}{of}{left}{since}", done
     if ckpt:
         return "stopped part-way", f"stopped part-way: its step-{ckpt} checkpoint{of}; the study continues it", done
     return "not started", "started, no checkpoint yet: starts over", 0.0
