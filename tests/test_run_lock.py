@@ -56,3 +56,35 @@ def test_a_failing_rerun_writes_nothing_into_a_held_or_finished_folder(tmp_path)
     (run_dir / "results.json").write_text(json.dumps({"status": "preempted", "steps": 4}))
     record_failure(cfg, ConfigError("trainer.max_time", "'abc' is not valid"))  # unfinished: recorded
     assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+
+
+def test_a_status_probe_is_not_a_holder(tmp_path):
+    """`normlab-study --status` probes a folder's lock with a brief shared flock (held_elsewhere): a
+    run that starts during the probe waits it out instead of stopping as if the run were held; a
+    folder held for longer still refuses."""
+    import fcntl
+    import os
+    import threading
+
+    import pytest
+
+    from normlab.run_folder import RunFolderInUse, held_elsewhere, locked
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a probe, caught mid-probe
+    threading.Timer(0.05, fcntl.flock, (fd, fcntl.LOCK_UN)).start()
+    with locked(run_dir):
+        assert held_elsewhere(run_dir)
+    assert not held_elsewhere(run_dir) and not (run_dir / ".lock").exists()
+    (run_dir / ".lock").write_text("process 1 on elsewhere since then")
+    fd2 = os.open(run_dir / ".lock", os.O_RDWR)
+    fcntl.flock(fd2, fcntl.LOCK_EX)  # a real holder
+    t0 = time.time()
+    with pytest.raises(RunFolderInUse, match="in use by process 1 on elsewhere"):
+        with locked(run_dir):
+            pass
+    assert time.time() - t0 < 2.0
+    os.close(fd2)
+    os.close(fd)

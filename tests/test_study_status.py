@@ -3,12 +3,15 @@ the machine-hours left, with nothing run, copied or written."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from normlab.run_folder import locked
-from normlab.study.runner import plan
+from normlab.study.runner import Sweep, plan
 from normlab.study.spec import load_study
-from normlab.study.status import status_lines
+from normlab.study.status import job_state, status_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = """title: t
@@ -56,7 +59,7 @@ def test_each_run_has_its_state_and_the_time_left_is_estimated(tmp_path):
     assert lines[3].endswith("a seed 2  training now: step 30 of 400, training ends in about 0:04:56")
     assert lines[4].endswith("b seed 2  not started")
     # left: half of b s1, all of a s2 and b s2, at the recorded run's 1.00 machine-hour each
-    assert lines[5].startswith("left: about 2.50 machine-hours (the mean of its 1 recorded runs, 1.00 h a run")
+    assert lines[5].startswith("left: about 2.50 machine-hours (the mean of its 1 completed runs, 1.00 h a run")
     # not held: the same folder is a run that started and left no checkpoint (it starts over)
     assert status_lines(study, jobs, None)[3].endswith("a seed 2  started, no checkpoint yet: starts over")
 
@@ -74,10 +77,75 @@ def test_a_run_another_study_recorded_counts_as_recorded(tmp_path):
 
 def test_the_command_prints_the_status_and_writes_nothing(tmp_path):
     study, jobs, path, runs, out = _setup(tmp_path)
-    before = sorted(p for p in tmp_path.rglob("*"))
+    files = lambda: sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))  # noqa: E731
+    before = files()
     r = subprocess.run([sys.executable, "-m", "normlab.commands.study", str(path), "study.budget=smoke", "--status",
-                        "--out", str(out), "--runs", str(runs)], cwd=ROOT, capture_output=True, text=True)
+                        "--out", str(out), "--runs", str(runs)], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].startswith("st (smoke): 4 runs planned: 1 recorded, 1 stopped part-way")
     assert "left: about 2.50 machine-hours" in r.stdout  # a s2's folder not held: not started, as b s2
-    assert sorted(p for p in tmp_path.rglob("*")) == before  # no README, no study.log, no record
+    assert files() == before  # no README, no study.log, no record, nothing rewritten
+
+
+@pytest.mark.parametrize("results, ckpt, log, held, state, text, done", [
+    ({"status": "preempted", "steps": 200}, 200, "step 200/400", False, "stopped part-way",
+     "stopped part-way: its step-200 checkpoint of 400; the study continues it", 0.5),
+    ({"status": "stalled", "steps": 300, "test_bleu": 0.0}, 0, "", False, "finished",
+     "finished (status stalled, test BLEU 0.0, steps 300); recorded when the study next runs", 1.0),
+    ({"status": "failed", "error": "Traceback ...\nRuntimeError: out of memory"}, 100, "step 120/400", False, "failed",
+     "failed (RuntimeError: out of memory); the study runs it again", 0.25),
+    (None, 0, "", True, "training now", "training now: starting", 0.0),
+    # stopped in its final scoring: trained to the end, its scoring still to do
+    ({"status": "interrupted"}, 400, "step 400/400", False, "stopped part-way",
+     "stopped part-way: its step-400 checkpoint of 400; the study continues it", 0.9),
+])
+def test_the_state_of_a_run_folder(tmp_path, results, ckpt, log, held, state, text, done):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    job = jobs[3]  # b s2: no folder yet
+    job.run_dir.mkdir(parents=True)
+    if results is not None:
+        (job.run_dir / "results.json").write_text(json.dumps(results))
+    if ckpt:
+        (job.run_dir / "checkpoints").mkdir()
+        (job.run_dir / "checkpoints" / f"full-step{ckpt}.ckpt").write_bytes(b"")
+    if log:
+        (job.run_dir / "train.log").write_text(f"[x] {log} | loss 5.0\n")
+    if held:
+        with locked(job.run_dir):
+            got = job_state(job, {})
+    else:
+        got = job_state(job, {})
+    assert got == (state, text, done)
+
+
+def test_a_completed_run_of_a_pruned_arm_waits_for_its_prune(tmp_path):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    job = replace(jobs[3], arm=replace(jobs[3].arm, prune={"depths": [1], "strategies": ["every_other"]}))
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "results.json").write_text(json.dumps({"status": "completed", "test_bleu": 3.0}))
+    assert job_state(job, {})[1] == "finished (status completed, test BLEU 3.0); pruned and recorded when the study next runs"
+
+
+def test_the_estimate_is_the_mean_of_completed_runs(tmp_path):
+    # a stalled run stops early: its hour would make the estimate short
+    study, jobs, path, runs, out = _setup(tmp_path)
+    rec = jobs[3].record
+    rec.mkdir(parents=True)
+    (rec / "results.json").write_text(json.dumps({
+        "status": "stalled", "identity_hash": jobs[3].identity_hash, "steps": 100, "wall_s": 360.0,
+        "study": {"arm": "b", "seed": 2, "jobs": 1}}))
+    last = status_lines(study, jobs, None)[-1]
+    assert last.startswith("left: about 1.50 machine-hours (the mean of its 1 completed runs, 1.00 h a run"), last
+
+
+def test_the_sweep_estimates_from_the_runs_it_trained(tmp_path):
+    study, jobs, path, runs, out = _setup(tmp_path)
+    sweep = Sweep(study, jobs, runs, parallel=2)
+    sweep.total, sweep.recorded = 10, 1  # one found finished: recorded at once, no pace yet
+    assert sweep._progress() == "1 of 10 recorded"
+    sweep.recorded, sweep.trained = 3, [1200.0, 1800.0]  # two trained here, 25 minutes each on average
+    # 7 runs left, 2 at a time: 7 x 1500 s / 2 = 5250 s
+    assert sweep._progress() == "3 of 10 recorded; about 1:27 left at this sweep's pace"
+    sweep.recorded = 9  # the last run alone: 1500 s
+    assert sweep._progress() == "9 of 10 recorded; about 0:25 left at this sweep's pace"
+    sweep.log_file.close()

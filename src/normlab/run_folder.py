@@ -262,9 +262,14 @@ def locked(run_dir: Path, rank_zero: bool = True):
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    for wait in (0.02, 0.05, 0.1, 0.2, None):  # a probe's brief shared lock (held_elsewhere) is not a holder
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if wait is not None:
+                time.sleep(wait)
+    else:
         holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
         os.close(fd)
         raise RunFolderInUse(f"{run_dir}: in use by {holder} (the same run started twice); wait for it to end or "

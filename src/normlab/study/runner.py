@@ -112,10 +112,8 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
     index = shared_index(records)
     adopted = []
     for job in jobs:
-        src = index.get(job.identity_hash)
-        if src is None or src == job.record or (record_done(job) is not None and not _stale_copy(job.record, src)):
-            continue
-        if job.arm.prune and not _pruned_as(src, job.arm.prune):
+        src = shared_source(job, index)
+        if src is None or (record_done(job) is not None and not _stale_copy(job.record, src)):
             continue
         res = json.loads((src / "results.json").read_text())
         origin = res.get("study") or {}
@@ -150,6 +148,15 @@ def shared_index(records: Path) -> dict[str, Path]:
             if trained_here or res["identity_hash"] not in index:
                 index[res["identity_hash"]] = res_path.parent
     return index
+
+
+def shared_source(job: Job, index: dict[str, Path]) -> Path | None:
+    """Another study's record of the job's run (shared_index), if it holds what the arm needs: a
+    pruned arm takes only a record pruned as it prunes."""
+    src = index.get(job.identity_hash)
+    if src is None or src == job.record or (job.arm.prune and not _pruned_as(src, job.arm.prune)):
+        return None
+    return src
 
 
 def _stale_copy(record: Path, src: Path) -> bool:
@@ -242,7 +249,8 @@ class Sweep:
         self.running: dict[subprocess.Popen, tuple[Job, str, float]] = {}
         self.stopping = 0
         self.failed: list[str] = []
-        self.total, self.recorded, self.recorded_before, self.started = len(jobs), 0, 0, time.time()  # run() sets
+        self.total, self.recorded = len(jobs), 0  # run() counts them
+        self.trained: list[float] = []  # wall seconds of each training stage this sweep finished
         runs.mkdir(parents=True, exist_ok=True)
         (runs / "logs").mkdir(exist_ok=True)
         self.log_file = open(runs / "study.log", "a", encoding="utf-8")
@@ -287,12 +295,13 @@ class Sweep:
         self.say(f"done  {job.tag}: {run_summary(res)} ({self._progress()})")
 
     def _progress(self) -> str:
-        """'k of N recorded' and, once this sweep has finished a run, the time left at its pace so far
-        (its wall clock per run finished: the jobs beside each other are in it)."""
+        """'k of N recorded' and, once this sweep has trained a run, the time left at its pace: the
+        mean wall time of the training stages it ran, over the jobs at a time. Runs found finished
+        (recorded at once) and runs it only pruned are not a pace."""
         text = f"{self.recorded} of {self.total} recorded"
-        left, finished = self.total - self.recorded, self.recorded - self.recorded_before
-        if left and finished:
-            secs = int((time.time() - self.started) / finished * left)
+        left = self.total - self.recorded
+        if left and self.trained:
+            secs = int(sum(self.trained) / len(self.trained) * left / min(self.parallel, left))
             text += f"; about {secs // 3600}:{secs // 60 % 60:02d} left at this sweep's pace"
         return text
 
@@ -306,8 +315,7 @@ class Sweep:
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
         total = self.total = len(self.todo)
         done = [j for j in self.todo if record_done(j)]
-        self.recorded = self.recorded_before = len(done)
-        self.started = time.time()
+        self.recorded = len(done)
         self.todo = [j for j in self.todo if j not in done]
         self.say(f"study {self.study.name} ({self.study.budget}): {total} runs, {len(done)} already recorded, "
                  f"{len(self.todo)} to run, {self.parallel} at a time")
@@ -341,6 +349,8 @@ class Sweep:
                 self.say(f"FAILED {job.tag}: status {res.get('status', 'none')}: {str(msg).splitlines()[-1][:200]} "
                          f"(log: {self.runs / 'logs'}/{job.arm.name}-s{job.seed}.train.log)")
                 continue
+            if stage == "train":
+                self.trained.append(time.time() - t0)
             if stage == "prune" and proc.returncode != 0:
                 self.failed.append(job.tag)
                 self.say(f"FAILED {job.tag}: prune exit status {proc.returncode}")
