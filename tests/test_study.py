@@ -52,8 +52,11 @@ def claim(**kw):
 
 
 def test_every_shipped_study_plans(tmp_path):
-    """Every arm of every study composes and validates (what the command checks before any run)."""
+    """Every arm of every study composes and validates (what the command checks before any run), and
+    every record committed in experiments/ is the run its study plans (the same identity hash): a
+    change to what names a run would otherwise leave the records unfound and train them again."""
     assert set(STUDIES) <= set(available())
+    checked = 0
     for name in STUDIES:
         for budget in ("full", "smoke"):
             study = load_study(name, budget)
@@ -62,6 +65,13 @@ def test_every_shipped_study_plans(tmp_path):
             assert len({j.run_name for j in jobs}) == len(jobs)  # every (arm, seed) its own run
             for c in study.claims:
                 assert c.better in study.arms or c.better in study.best_of
+            if budget == "full":
+                planned = {f"{j.arm.name}-s{j.seed}": j.identity_hash for j in jobs}
+                for res in sorted((ROOT / "experiments" / name / "runs").glob("*/results.json")):
+                    rec = res.parent.name
+                    assert planned.get(rec) == json.loads(res.read_text())["identity_hash"], f"{name}/runs/{rec}"
+                    checked += 1
+    assert checked >= 67  # the records committed on 2026-11-26
 
 
 def test_studies_share_identical_arms(tmp_path):
