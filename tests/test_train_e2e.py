@@ -40,6 +40,18 @@ def test_results_json(finished_run):
     assert (m[1], int(m[2]), int(m[3]), m[4]) == (platform.machine(), cores, n, "thread" if n == 1 else "threads")
     assert machine_share(saved) == min(1.0, n / cores)
     assert saved["params"] == results["params"] > 0
+    # which code trained it: this checkout's commit, whether src/ or conf/ differ from it, torch
+    import subprocess
+
+    from normlab.provenance import ROOT
+
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    if (ROOT / ".git").exists():
+        assert saved["code"]["commit"] == git("rev-parse", "HEAD") and len(saved["code"]["commit"]) == 40
+        assert saved["code"]["dirty"] == bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "conf"))
+    else:  # not a git checkout (an unpacked archive): no commit to name
+        assert saved["code"]["commit"] is None and saved["code"]["dirty"] is None
+    assert saved["code"]["torch"] == torch.__version__ and saved["code"]["python"] == platform.python_version()
     # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
     # once the best checkpoint's wall time plus the whole run's)
     assert 0 < saved["wall_s"] <= results["measured_wall_s"] + 0.1

@@ -31,6 +31,7 @@ from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
+from normlab.provenance import code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
 from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
 from normlab.run_spec import RunSpec, resolve
@@ -135,6 +136,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0 = time.time()
+    code = code_version()  # the code of this leg of the run (provenance.py), read before any work
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
     callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
@@ -237,6 +239,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         # params again: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
         # first layer loses its input norm: schemes/recent.py)
         results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
+                       code=code,
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included

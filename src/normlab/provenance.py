@@ -1,0 +1,45 @@
+"""Which code trained a run, for its results.json (`code`) and so for every study record copied from
+it: the normlab commit and whether its code or configs differed from it, torch and Python.
+
+A run's identity (identity.py) is what it is asked to compute; the code is how. Two commits can
+compute the same identity a few ULPs apart (a reordered sum, a fused op), which deep post-LN
+amplifies into a different stall step (benchmarks/README.md, the stalled arm's seed 1): a record
+that names its commit says which code a rerun must use to be bit for bit the same. Read once per
+process, before training (a `git` call at a signal or in a `finally` would be no place for it).
+"""
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, when normlab runs from one (src/normlab/..)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """{"commit": sha or None (not a git checkout), "dirty": src/ or conf/ differ from it (None when
+    unknown), "normlab": the package version, "torch", "python"}."""
+    import torch
+
+    try:
+        version = metadata.version("normlab")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing it
+        version = None
+    commit = _git("rev-parse", "HEAD") if (ROOT / ".git").exists() else None
+    dirty = None
+    if commit is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", "src", "conf")
+        dirty = bool(status) if status is not None else None
+    return {"commit": commit, "dirty": dirty, "normlab": version, "torch": torch.__version__,
+            "python": platform.python_version()}
