@@ -190,6 +190,12 @@ def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
     c = cost(load_records(out))
     assert c["devices"] == ["cpu: x86_64, 2 cores, 1 thread", "cuda: NVIDIA A100 x 2", "device not recorded"]
     assert abs(c["machine_hours"] - (0.5 + 0.5 + 0.1)) < 1e-9  # the 2-job run counts half its wall time
+    assert c["code"] == "not recorded for 4 runs (trained before 80501ee)"
+    record(out, "b2", 1, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": False})
+    record(out, "b2", 2, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": True})
+    record(out, "b2", 3, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": False})
+    assert cost(load_records(out))["code"] == ("1c0cccd (2 runs), 1c0cccd+changes (1 run); "
+                                               "not recorded for 4 runs (trained before 80501ee)")
 
 
 def test_best_of_puts_a_candidate_that_stalled_on_a_seed_last(tmp_path):

@@ -75,8 +75,25 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     devices = sorted({re.sub(r"\b1 threads$", "1 thread", str(r.results.get("device") or "device not recorded"))
                       for r in recs})
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
-            "devices": devices,
+            "devices": devices, "code": _code(recs),
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
+
+
+def _code(recs: list[Record]) -> str:
+    """The commits that trained the runs (results.json `code`, provenance.py), for the Cost section:
+    "1c0cccd (2 runs), 80501ee+changes (1 run); not recorded for 8 runs (trained before 80501ee)"."""
+    def name(code: dict) -> str:
+        return (code.get("commit") or "no git checkout")[:7] + ("+changes" if code.get("dirty") else "")
+    counts: dict[str, int] = {}
+    for r in recs:
+        key = name(r.results["code"]) if isinstance(r.results.get("code"), dict) else ""
+        counts[key] = counts.get(key, 0) + 1
+    runs = lambda n: f"{n} run{'s' if n != 1 else ''}"  # noqa: E731
+    known = [f"{k} ({runs(n)})" for k, n in sorted(counts.items()) if k]
+    text = ", ".join(known)
+    if counts.get(""):
+        text += ("; " if text else "") + f"not recorded for {runs(counts[''])} (trained before 80501ee)"
+    return text
 
 
 def verdict_cell(v: Verdict) -> str:
@@ -134,7 +151,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               f"at most its threads of the cores; seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
               + _extra_seeds(study)
-              + ")" + _shared(c) + _unfinished(study, c) + ".", "",
+              + ")" + _shared(c) + _unfinished(study, c) + ".", "", f"Code (the normlab commit of each run's last leg): {c['code'] or '—'}.", "",
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better
