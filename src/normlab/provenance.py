@@ -1,11 +1,12 @@
 """Which code trained a run, for its results.json (`code`) and so for every study record copied from
 it: the normlab commit and whether its code or configs differed from it, torch and Python.
 
-A run's identity (identity.py) is what it is asked to compute; the code is how. Two commits can
-compute the same identity a few ULPs apart (a reordered sum, a fused op), which deep post-LN
-amplifies into a different stall step (benchmarks/README.md, the stalled arm's seed 1): a record
-that names its commit says which code a rerun must use to be bit for bit the same. Read once per
-process, before training (a `git` call at a signal or in a `finally` would be no place for it).
+A run's identity (identity.py) is what it is asked to compute; the code and the thread count
+(results.json `device`) are how. Either can move a result by a few ULPs (a reordered sum, a fused
+op, another split of a matmul over threads), which deep post-LN amplifies into a different stall
+step (benchmarks/README.md, the stalled arm's seed 1, whose record named neither): a record that
+names both says what a rerun must use to be bit for bit the same. Read once per process, before
+training (a `git` call at a signal or in a `finally` would be no place for it).
 """
 from __future__ import annotations
 
