@@ -149,3 +149,30 @@ def test_the_sweep_estimates_from_the_runs_it_trained(tmp_path):
     sweep.recorded = 9  # the last run alone: 1500 s
     assert sweep._progress() == "9 of 10 recorded; about 0:25 left at this sweep's pace"
     sweep.log_file.close()
+
+
+def test_a_run_the_sweep_continued_counts_whole_in_its_pace(tmp_path, capsys):
+    # its training here took seconds (the rest was an earlier leg): the pace is its whole wall time
+    import time
+
+    study, jobs, path, runs, out = _setup(tmp_path)
+    job = jobs[3]
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "results.json").write_text(json.dumps({"status": "completed", "wall_s": 1000.0, "steps": 400,
+                                                          "identity_hash": job.identity_hash}))
+
+    class Done:  # a train process that has just exited
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    sweep = Sweep(study, jobs, runs, parallel=2)
+    sweep.total, sweep.recorded = 4, 0
+    sweep.running[Done()] = (job, "train", time.time() - 5.0)
+    sweep._reap()
+    sweep.log_file.close()
+    assert sweep.trained == [1000.0]
+    # 3 runs left, 2 at a time, 1000 s a run: 1500 s
+    assert capsys.readouterr().out.rstrip().endswith("(1 of 4 recorded; about 0:25 left at this sweep's pace)")
+    assert (job.record / "results.json").is_file()

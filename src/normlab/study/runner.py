@@ -250,7 +250,7 @@ class Sweep:
         self.stopping = 0
         self.failed: list[str] = []
         self.total, self.recorded = len(jobs), 0  # run() counts them
-        self.trained: list[float] = []  # wall seconds of each training stage this sweep finished
+        self.trained: list[float] = []  # wall seconds of each run whose training this sweep finished
         runs.mkdir(parents=True, exist_ok=True)
         (runs / "logs").mkdir(exist_ok=True)
         self.log_file = open(runs / "study.log", "a", encoding="utf-8")
@@ -296,8 +296,9 @@ class Sweep:
 
     def _progress(self) -> str:
         """'k of N recorded' and, once this sweep has trained a run, the time left at its pace: the
-        mean wall time of the training stages it ran, over the jobs at a time. Runs found finished
-        (recorded at once) and runs it only pruned are not a pace."""
+        mean wall time of the runs whose training it finished (each over all its legs, so a run
+        it only continued counts whole), over the jobs at a time. Runs found finished (recorded at
+        once) and runs it only pruned are not a pace."""
         text = f"{self.recorded} of {self.total} recorded"
         left = self.total - self.recorded
         if left and self.trained:
@@ -349,8 +350,8 @@ class Sweep:
                 self.say(f"FAILED {job.tag}: status {res.get('status', 'none')}: {str(msg).splitlines()[-1][:200]} "
                          f"(log: {self.runs / 'logs'}/{job.arm.name}-s{job.seed}.train.log)")
                 continue
-            if stage == "train":
-                self.trained.append(time.time() - t0)
+            if stage == "train":  # the run's wall time over all its legs: a continued run is a whole run
+                self.trained.append(float(res.get("wall_s") or time.time() - t0))
             if stage == "prune" and proc.returncode != 0:
                 self.failed.append(job.tag)
                 self.say(f"FAILED {job.tag}: prune exit status {proc.returncode}")
