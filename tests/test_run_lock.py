@@ -88,3 +88,29 @@ def test_a_status_probe_is_not_a_holder(tmp_path):
     assert time.time() - t0 < 2.0
     os.close(fd2)
     os.close(fd)
+
+
+def test_a_holder_that_ends_during_the_wait_leaves_one_holder(tmp_path):
+    """A holder removes its lock file when it ends: a run that was waiting on that file must lock
+    the folder's lock file anew, or it would hold a file no other process can see, and a third copy
+    would train beside it."""
+    import fcntl
+    import os
+    import threading
+
+    from normlab.run_folder import held_elsewhere, locked
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the holder
+
+    def holder_ends():
+        os.unlink(path)  # as locked() ends: unlink while held, then release
+        os.close(fd)
+
+    threading.Timer(0.05, holder_ends).start()
+    with locked(run_dir):
+        assert path.is_file() and held_elsewhere(run_dir)  # the folder's own lock file, held
+    assert not path.exists()

@@ -196,6 +196,9 @@ def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
     record(out, "b2", 3, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": False})
     assert cost(load_records(out))["code"] == ("1c0cccd (2 runs), 1c0cccd+changes (1 run); "
                                                "not recorded for 4 runs (trained before 80501ee)")
+    record(out, "b2", 4, code={"commit": None, "dirty": None})  # not a git checkout, or no git to ask
+    assert cost(load_records(out))["code"].startswith("1c0cccd (2 runs), 1c0cccd+changes (1 run), "
+                                                      "commit unknown (1 run); ")
 
 
 def test_best_of_puts_a_candidate_that_stalled_on_a_seed_last(tmp_path):

@@ -143,11 +143,14 @@ def test_the_sweep_estimates_from_the_runs_it_trained(tmp_path):
     sweep = Sweep(study, jobs, runs, parallel=2)
     sweep.total, sweep.recorded = 10, 1  # one found finished: recorded at once, no pace yet
     assert sweep._progress() == "1 of 10 recorded"
-    sweep.recorded, sweep.trained = 3, [1200.0, 1800.0]  # two trained here, 25 minutes each on average
+    # two completed here, 25 minutes each on average; a stall that stopped early is no pace beside them
+    sweep.recorded, sweep.trained = 3, [(1200.0, True), (1800.0, True), (250.0, False)]
     # 7 runs left, 2 at a time: 7 x 1500 s / 2 = 5250 s
     assert sweep._progress() == "3 of 10 recorded; about 1:27 left at this sweep's pace"
     sweep.recorded = 9  # the last run alone: 1500 s
     assert sweep._progress() == "9 of 10 recorded; about 0:25 left at this sweep's pace"
+    sweep.failed = ["b seed 2"]  # not retried in this sweep: nothing left
+    assert sweep._progress() == "9 of 10 recorded"
     sweep.log_file.close()
 
 
@@ -172,7 +175,7 @@ def test_a_run_the_sweep_continued_counts_whole_in_its_pace(tmp_path, capsys):
     sweep.running[Done()] = (job, "train", time.time() - 5.0)
     sweep._reap()
     sweep.log_file.close()
-    assert sweep.trained == [1000.0]
+    assert sweep.trained == [(1000.0, True)]
     # 3 runs left, 2 at a time, 1000 s a run: 1500 s
     assert capsys.readouterr().out.rstrip().endswith("(1 of 4 recorded; about 0:25 left at this sweep's pace)")
     assert (job.record / "results.json").is_file()

@@ -48,7 +48,7 @@ def test_results_json(finished_run):
     git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
     if (ROOT / ".git").exists():
         assert saved["code"]["commit"] == git("rev-parse", "HEAD") and len(saved["code"]["commit"]) == 40
-        assert saved["code"]["dirty"] == bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "conf"))
+        assert saved["code"]["dirty"] == bool(git("status", "--porcelain", "--untracked-files=normal", "--", "src", "conf"))
     else:  # not a git checkout (an unpacked archive): no commit to name
         assert saved["code"]["commit"] is None and saved["code"]["dirty"] is None
     assert saved["code"]["torch"] == torch.__version__ and saved["code"]["python"] == platform.python_version()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from importlib import metadata
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout, when normlab runs fr
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+        # --no-optional-locks: a status here never takes .git/index.lock from the user's own git
+        out = subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), *args], capture_output=True, text=True,
+                             timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -29,18 +30,14 @@ def _git(*args: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def code_version() -> dict:
-    """{"commit": sha or None (not a git checkout), "dirty": src/ or conf/ differ from it (None when
-    unknown), "normlab": the package version, "torch", "python"}."""
+    """{"commit": sha or None (not a git checkout, or git not there to ask), "dirty": src/ or conf/
+    differ from it, new files there included (a new arm's yaml), None when unknown, "torch",
+    "python"}. Not the installed package's version: with PYTHONPATH another tree's code runs."""
     import torch
 
-    try:
-        version = metadata.version("normlab")
-    except metadata.PackageNotFoundError:  # run from a source tree without installing it
-        version = None
     commit = _git("rev-parse", "HEAD") if (ROOT / ".git").exists() else None
     dirty = None
     if commit is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no", "--", "src", "conf")
+        status = _git("status", "--porcelain", "--untracked-files=normal", "--", "src", "conf")
         dirty = bool(status) if status is not None else None
-    return {"commit": commit, "dirty": dirty, "normlab": version, "torch": torch.__version__,
-            "python": platform.python_version()}
+    return {"commit": commit, "dirty": dirty, "torch": torch.__version__, "python": platform.python_version()}

@@ -250,6 +250,14 @@ def held_elsewhere(run_dir: Path) -> bool:
         os.close(fd)
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether fd is still the file at path (a holder removes its lock file when it ends)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
 @contextmanager
 def locked(run_dir: Path, rank_zero: bool = True):
     """Hold the run folder for this process: a second copy of the same command (same identity, so
@@ -265,10 +273,15 @@ def locked(run_dir: Path, rank_zero: bool = True):
     for wait in (0.02, 0.05, 0.1, 0.2, None):  # a probe's brief shared lock (held_elsewhere) is not a holder
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
         except BlockingIOError:
             if wait is not None:
                 time.sleep(wait)
+            continue
+        if _same_file(fd, path):
+            break
+        # the holder ended meanwhile and removed the file this fd locks: lock the folder's file anew
+        os.close(fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     else:
         holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
         os.close(fd)

@@ -136,7 +136,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0 = time.time()
-    code = code_version()  # the code of this leg of the run (provenance.py), read before any work
+    code = code_version() if _rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
     callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work

@@ -45,8 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--runs", default=None, help="run folders (default: studies/runs, shared by the studies)")
     ap.add_argument("--report-only", action="store_true", help="no training: judge the records and write the README "
                     "(records of the same runs other studies hold are copied in first)")
-    ap.add_argument("--status", action="store_true", help="each planned run's state (recorded, training now, "
-                    "stopped part-way, not started) and the machine-hours left; runs and writes nothing")
+    ap.add_argument("--status", action="store_true", help="each planned run's state (recorded, finished, training "
+                    "now, stopped part-way, failed, not started) and the machine-hours left; runs and writes nothing")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
     args.launch, accelerator = [], "cpu"  # conf/trainer/cpu.yaml: the runs' default

@@ -136,7 +136,8 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     v.verdict = verdict_of(iv, claim, lower)
     if set(A) != set(B):  # an arm with extra seeds: the claim pairs the seeds both ran
         v.means = {a: _mean([A[s].metric(ma) for s in seeds]), b: _mean([B[s].metric(mb) for s in seeds])}
-        v.note = "; ".join(filter(None, [v.note, f"paired on seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"]))
+        paired = f"paired on seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
+        v.note = "; ".join(filter(None, [v.note, paired]))
     if len(seeds) < 3:
         v.seeds_rule = seeds_rule([A[s].metric(ma) - B[s].metric(mb) for s in seeds], claim, lower)
         v.note = "; ".join(filter(None, [v.note, v.seeds_rule["text"]]))

@@ -82,8 +82,8 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
 def _code(recs: list[Record]) -> str:
     """The commits that trained the runs (results.json `code`, provenance.py), for the Cost section:
     "1c0cccd (2 runs), 80501ee+changes (1 run); not recorded for 8 runs (trained before 80501ee)"."""
-    def name(code: dict) -> str:
-        return (code.get("commit") or "no git checkout")[:7] + ("+changes" if code.get("dirty") else "")
+    def name(code: dict) -> str:  # no commit: not a git checkout, or git not there to ask
+        return (code["commit"][:7] if code.get("commit") else "commit unknown") + ("+changes" if code.get("dirty") else "")
     counts: dict[str, int] = {}
     for r in recs:
         key = name(r.results["code"]) if isinstance(r.results.get("code"), dict) else ""
@@ -151,7 +151,9 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               f"at most its threads of the cores; seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
               + _extra_seeds(study)
-              + ")" + _shared(c) + _unfinished(study, c) + ".", "", f"Code (the normlab commit of each run's last leg): {c['code'] or '—'}.", "",
+              + ")" + _shared(c) + _unfinished(study, c) + ".", "",
+              *([f"Code (the normlab commit of each run's last leg): {c['code'] or '—'}.", ""]
+                if study.kind != "probe" else []),
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better

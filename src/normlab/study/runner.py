@@ -250,7 +250,7 @@ class Sweep:
         self.stopping = 0
         self.failed: list[str] = []
         self.total, self.recorded = len(jobs), 0  # run() counts them
-        self.trained: list[float] = []  # wall seconds of each run whose training this sweep finished
+        self.trained: list[tuple[float, bool]] = []  # (wall s, completed) of each run whose training it finished
         runs.mkdir(parents=True, exist_ok=True)
         (runs / "logs").mkdir(exist_ok=True)
         self.log_file = open(runs / "study.log", "a", encoding="utf-8")
@@ -296,13 +296,15 @@ class Sweep:
 
     def _progress(self) -> str:
         """'k of N recorded' and, once this sweep has trained a run, the time left at its pace: the
-        mean wall time of the runs whose training it finished (each over all its legs, so a run
-        it only continued counts whole), over the jobs at a time. Runs found finished (recorded at
-        once) and runs it only pruned are not a pace."""
+        mean wall time of the completed runs whose training it finished (each over all its legs,
+        so a run it only continued counts whole; stalled ones only while none completed), over the
+        jobs at a time. Runs found finished (recorded at once) and runs it only pruned are not a
+        pace; failed runs are not left (the next sweep retries them)."""
         text = f"{self.recorded} of {self.total} recorded"
-        left = self.total - self.recorded
-        if left and self.trained:
-            secs = int(sum(self.trained) / len(self.trained) * left / min(self.parallel, left))
+        left = self.total - self.recorded - len(self.failed)  # failed runs wait for the next sweep
+        pace = [t for t, done in self.trained if done] or [t for t, _ in self.trained]  # stalls stop early
+        if left > 0 and pace:
+            secs = int(sum(pace) / len(pace) * left / min(self.parallel, left))
             text += f"; about {secs // 3600}:{secs // 60 % 60:02d} left at this sweep's pace"
         return text
 
@@ -351,7 +353,7 @@ class Sweep:
                          f"(log: {self.runs / 'logs'}/{job.arm.name}-s{job.seed}.train.log)")
                 continue
             if stage == "train":  # the run's wall time over all its legs: a continued run is a whole run
-                self.trained.append(float(res.get("wall_s") or time.time() - t0))
+                self.trained.append((float(res.get("wall_s") or time.time() - t0), res.get("status") == "completed"))
             if stage == "prune" and proc.returncode != 0:
                 self.failed.append(job.tag)
                 self.say(f"FAILED {job.tag}: prune exit status {proc.returncode}")
