@@ -1,0 +1,30 @@
+"""Study files and records for the study tests (test_study.py, test_study_claims.py): a small
+study file (arms a, b1, b2; best_of b_best), a record of one run, a claim."""
+import json
+from pathlib import Path
+
+
+def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
+    arms = arms or {"a": ["norm=prenorm"], "b1": ["norm=postnorm", "optim.lr=1e-3"], "b2": ["norm=postnorm"]}
+    lines = ["title: t", "paper: p", "question: q", "seeds: [1, 2, 3]", "arms:"]
+    for name, ov in arms.items():
+        lines.append(f"  {name}: {{overrides: [{', '.join(ov)}]}}")
+    lines += ["best_of:", "  b_best: {arms: [b1, b2], by: valid_bleu}", "claims:"]
+    for c in claims:
+        lines.append("  - " + json.dumps(c))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "s.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def record(out: Path, arm: str, seed: int, status="completed", **metrics) -> None:
+    d = out / "runs" / f"{arm}-s{seed}"
+    d.mkdir(parents=True)
+    study = {"arm": arm, "seed": seed, **metrics.pop("study", {})}
+    (d / "results.json").write_text(json.dumps({"status": status, "study": study, **metrics}))
+
+
+def claim(**kw):
+    return {"id": "c", "claim": "A beats B", "source": "paper", "paper": "+1", "better": "a", "than": "b1",
+            "interval": "t", **kw}
