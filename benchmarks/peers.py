@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -84,7 +85,7 @@ def dropout(setting: str) -> dict:
 def build(cls, s: "Shape", setting: str, compile: bool = False):
     """A model of class `cls` for a setting: normlab on its training loss path, or with the model alone on
     full logits and the peers' loss."""
-    if cls is Normlab:
+    if issubclass(cls, Normlab):
         return cls(s, dropout(setting), compile=compile, full_logits=setting in MODEL_ALONE)
     return cls(s, dropout(setting), compile=compile)
 
@@ -186,7 +187,24 @@ class TorchTransformer:
         return label_smoothed_ce(self.logits(b["src"], b["tgt_in"]), b["tgt_out"], b["ntokens"])
 
 
+class NormlabNoBias(Normlab):
+    """Not a peer: normlab's model with x-transformers' parameter set, to measure what the biases cost
+    (issue 21's tiny-shape gap). Vaswani et al. 2017 (and fairseq, torch.nn.Transformer) give every
+    attention projection and every LayerNorm a bias; x-transformers has none there (its FFN keeps
+    them): normlab has 131 parameter tensors at the tiny shape, x-transformers 80. Removing those
+    biases here gives normlab x-transformers' count; the model is otherwise normlab's."""
+    name = "normlab-nobias"
+
+    def __init__(self, s: Shape, drop: dict, compile: bool = False, full_logits: bool = False):
+        super().__init__(s, drop, compile=compile, full_logits=full_logits)
+        for name, module in self.model.named_modules():
+            attention = name.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "out_proj")
+            if (attention and isinstance(module, nn.Linear)) or isinstance(module, nn.LayerNorm):
+                module.register_parameter("bias", None)
+
+
 PEERS = (Normlab, XTransformers, TorchTransformer)
+VARIANTS = (NormlabNoBias,)  # normlab's own variants: timed in turns, never a peer
 
 
 def synthetic_batches(s: Shape, n: int, device, seed: int = 0) -> list[dict]:

@@ -44,10 +44,10 @@ def build(settings, names, shape, device, compile):
     runs, by_setting = {}, {}
     for setting in settings:
         by_setting[setting] = []
-        for cls in P.PEERS:
+        for cls in (*P.PEERS, *P.VARIANTS):
             if cls.name not in names:
                 continue
-            full = cls is P.Normlab and setting in P.MODEL_ALONE
+            full = issubclass(cls, P.Normlab) and setting in P.MODEL_ALONE
             key = (cls.name, P.MODEL_ALONE.get(setting, setting), full)
             if key not in runs:
                 torch.manual_seed(0)
@@ -74,10 +74,16 @@ def compare(rows: list[dict], repeat: int) -> dict:
     ours = next((r["tok_s"][repeat] for r in rows if r["name"] == "normlab"), None)
     ratios = {r["name"]: P.quantiles([a / b for a, b in zip(ours, r["tok_s"][repeat])])[1] if ours else float("nan")
               for r in rows}
-    peers = {k: v for k, v in ratios.items() if k != "normlab"}
+    variants = {c.name for c in P.VARIANTS}
+    peers = {k: v for k, v in ratios.items() if k != "normlab" and k not in variants}
     fastest = min(peers, key=peers.get) if peers and ours else None
-    return {"tok_s": {r["name"]: r["tok_s"][repeat] for r in rows}, "normlab_over_model": ratios,
-            "fastest_peer": fastest, "normlab_over_fastest": peers[fastest] if fastest else float("nan")}
+    out = {"tok_s": {r["name"]: r["tok_s"][repeat] for r in rows}, "normlab_over_model": ratios,
+           "fastest_peer": fastest, "normlab_over_fastest": peers[fastest] if fastest else float("nan")}
+    for r in rows:  # a variant of normlab's against the same fastest peer, step for step
+        if r["name"] in variants and fastest:
+            theirs = out["tok_s"][fastest]
+            out[f"{r['name']}_over_fastest"] = P.quantiles([a / b for a, b in zip(r["tok_s"][repeat], theirs)])[1]
+    return out
 
 
 def spread(xs: list[float]) -> dict:
@@ -92,7 +98,9 @@ def fmt_spread(x: dict) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", default=",".join((*P.SETTINGS, *P.MODEL_ALONE)))
-    ap.add_argument("--models", default=",".join(c.name for c in P.PEERS))
+    ap.add_argument("--models", default=",".join(c.name for c in P.PEERS),
+                    help=f"of {', '.join(c.name for c in (*P.PEERS, *P.VARIANTS))} ({P.VARIANTS[0].name}: "
+                         "normlab without attention and norm biases, what x-transformers has; never a peer)")
     ap.add_argument("--shape", choices=P.SHAPES, default="reference", help="the models' shape (peers.py)")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per model per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --steps per comparison")
@@ -176,6 +184,9 @@ def main(argv=None) -> dict:
                 "peak_mib": r.get("peak_mib"), "normlab_over_model": paired, "warmup_s": r["warmup_s"]}
         out["normlab_over_fastest"] = spread([c["normlab_over_fastest"] for c in per_repeat])
         out["fastest_peer"] = [c["fastest_peer"] for c in per_repeat]
+        for v in P.VARIANTS:
+            if f"{v.name}_over_fastest" in per_repeat[0]:
+                out[f"{v.name}_over_fastest"] = spread([c[f"{v.name}_over_fastest"] for c in per_repeat])
     print(f"\nnormlab / fastest peer, median [min, max] over {args.repeats} same-run comparisons "
           "(each the median of adjacent-step ratios):")
     for setting in settings:
@@ -183,6 +194,9 @@ def main(argv=None) -> dict:
         each = ", ".join(f"{v:.2f} ({name})" for v, name in zip(out["normlab_over_fastest"]["values"],
                                                                  out["fastest_peer"]))
         print(f"  {setting:<13} {fmt_spread(out['normlab_over_fastest']):<20} repeats: {each}")
+        for v in P.VARIANTS:
+            if f"{v.name}_over_fastest" in out:
+                print(f"  {'':<13} {fmt_spread(out[f'{v.name}_over_fastest']):<20} {v.name} / the same peer")
     if args.compile:
         for r in runs:
             if r["name"] == "normlab":

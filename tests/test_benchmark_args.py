@@ -82,3 +82,44 @@ def test_stalled_arm_takes_an_arms_overrides_from_the_checkout_it_runs(monkeypat
     assert mod.arm_overrides("deep_bleu", "post_ln", 2) == study.arm_overrides(study.arms["post_ln"], 2)
     with pytest.raises(SystemExit, match=r"^error: .*: the study 'deep_bleu' has no arm 'nope' there \(KeyError"):
         mod.arm_overrides("deep_bleu", "nope", 2)
+
+
+def test_bias_free_variant_is_normlab_without_attention_and_norm_biases(monkeypatch):
+    """peers.NormlabNoBias (issue 21's tiny-shape gap): normlab's model without the attention
+    projections' and the norms' biases, x-transformers' parameter set; its FFN keeps them. With the
+    same seed it computes what normlab computes (those biases start at 0), and the throughput
+    comparison times it in turns but never counts it as a peer."""
+    import torch
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    sys.path.insert(0, str(BENCHMARKS))
+    import peers as P
+
+    s = P.small(P.tiny_shape())
+    names = {}
+    for cls in (P.Normlab, P.NormlabNoBias):
+        torch.manual_seed(0)
+        names[cls] = dict(P.build(cls, s, "none_model").model.named_parameters())
+    gone = set(names[P.Normlab]) - set(names[P.NormlabNoBias])
+    assert not set(names[P.NormlabNoBias]) - set(names[P.Normlab])
+    assert gone and all(n.endswith(".bias") and (n.split(".")[-2].endswith("_proj") or ".norm" in n
+                                                 or "final_norm" in n or "layer_norm" in n) for n in gone), gone
+    assert any(n.endswith("fc1.bias") for n in names[P.NormlabNoBias])
+    b = P.synthetic_batches(s, 1, torch.device("cpu"))[0]
+    losses = []
+    for cls in (P.Normlab, P.NormlabNoBias):
+        torch.manual_seed(0)
+        peer = P.build(cls, s, "none_model")
+        peer.model.eval()
+        losses.append(peer.loss(b))
+    torch.testing.assert_close(losses[0], losses[1])
+
+    spec = importlib.util.spec_from_file_location("bench_tt", BENCHMARKS / "train_throughput.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"name": "normlab", "tok_s": [[10.0, 10.0, 10.0]]},
+            {"name": P.NormlabNoBias.name, "tok_s": [[12.0, 12.0, 12.0]]},
+            {"name": "x-transformers", "tok_s": [[8.0, 8.0, 8.0]]}]
+    out = mod.compare(rows, 0)
+    assert out["fastest_peer"] == "x-transformers" and out["normlab_over_fastest"] == 1.25
+    assert out[f"{P.NormlabNoBias.name}_over_fastest"] == 1.5

@@ -292,7 +292,7 @@ def _fused(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     # concatenated per call (a d x d copy each, negligible next to the activations) so the separate
     # q/k/v Linear modules stay as they are (state dict, copies from nn.MultiheadAttention, Admin).
     weight = torch.cat([lin.weight for lin in linears])  # (n·D, in)
-    bias = torch.cat([lin.bias for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])  # None: benchmarks' bias-free variant
     return F.linear(x, weight, bias).split([lin.out_features for lin in linears], dim=-1)  # views of (B, T, n·D)
 
 
