@@ -227,19 +227,28 @@ def test_a_wall_clock_cap_says_it_stopped_the_run(small_corpus, tmp_path, capsys
 def test_a_max_time_stop_is_a_pause_the_rerun_continues_exactly(reference, small_corpus, tmp_path, monkeypatch):
     """trainer.max_time stops at a step boundary with a full checkpoint and no validation off the
     schedule (Lightning's Timer stopped via should_stop, which validates), so the rerun ends bitwise
-    equal to the uninterrupted run. The clock is faked: one second per micro-batch, 13 allowed."""
+    equal to the uninterrupted run. The clock is faked: one second per micro-batch, 13 allowed. The
+    two legs run on two (faked) commits: results.json `code_legs` names each leg's, from its step."""
+    import normlab.train as train
     from normlab.callbacks import preemption
 
     root, ref = reference
     ticks = iter(range(10**6))
     monkeypatch.setattr(preemption, "clock", lambda: float(next(ticks)))
+    leg = lambda commit, dirty: {"commit": commit, "dirty": dirty, "torch": "t", "python": "p"}  # noqa: E731
+    monkeypatch.setattr(train, "code_version", lambda: leg("a" * 40, False))
     args = overrides(small_corpus, tmp_path / "run", root / "cache", "trainer.max_time={seconds: 13}")
     first = run(compose_cfg(args))
     assert (first["status"], first["stopped_by"], first["steps"]) == ("stopped", "max_time", 13)
+    assert first["code_legs"] == [{"from_step": 0, "commit": "a" * 40, "dirty": False}]
     assert [s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")][0] == 13
     monkeypatch.undo()
+    monkeypatch.setattr(train, "code_version", lambda: leg("b" * 40, True))
     results = run(compose_cfg(args))
     assert results["status"] == "completed"
+    assert results["code"] == leg("b" * 40, True)  # the last leg's
+    assert results["code_legs"] == [{"from_step": 0, "commit": "a" * 40, "dirty": False},
+                                    {"from_step": 13, "commit": "b" * 40, "dirty": True}]
     assert_same_run(ref, tmp_path / "run", "stopped by max_time at step 13")
 
 

@@ -24,7 +24,8 @@ from study_files import claim, write_study_file
 ROOT = Path(__file__).resolve().parents[1]
 # Every shipped study file, read from conf/study (a new one is checked without editing this list):
 # training studies (arms are runs) and probe studies (a measurement at init, normlab.study.probe).
-KINDS = {p.stem: (yaml.safe_load(p.read_text()) or {}).get("kind", "train") for p in (ROOT / "conf" / "study").glob("*.yaml")}
+KINDS = {p.stem: (yaml.safe_load(p.read_text()) or {}).get("kind", "train")
+         for p in (ROOT / "conf" / "study").glob("*.yaml")}
 STUDIES = sorted(n for n, kind in KINDS.items() if kind == "train")
 PROBES = sorted(n for n, kind in KINDS.items() if kind == "probe")
 

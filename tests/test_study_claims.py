@@ -75,11 +75,23 @@ def test_the_cost_names_the_devices_the_runs_trained_on(tmp_path):
     record(out, "b2", 1, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": False})
     record(out, "b2", 2, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": True})
     record(out, "b2", 3, code={"commit": "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "dirty": False})
-    assert cost(load_records(out))["code"] == ("1c0cccd (2 runs), 1c0cccd+changes (1 run); "
-                                               "not recorded for 4 runs (trained before 80501ee)")
+    assert cost(load_records(out))["code"] == ("1c0cccd at its last leg (2 runs), 1c0cccd+changes at its last leg "
+                                               "(1 run); not recorded for 4 runs (trained before 80501ee)")
     record(out, "b2", 4, code={"commit": None, "dirty": None})  # not a git checkout, or no git to ask
-    assert cost(load_records(out))["code"].startswith("1c0cccd (2 runs), 1c0cccd+changes (1 run), "
-                                                      "commit unknown (1 run); ")
+    assert cost(load_records(out))["code"].startswith("1c0cccd at its last leg (2 runs), 1c0cccd+changes at its "
+                                                      "last leg (1 run), commit unknown at its last leg (1 run); ")
+    # code_legs: the commits of every leg, in order (consecutive legs on one commit named once); a
+    # leg from a checkpoint written before code_legs existed has no commit
+    a, b = "1c0cccd56ee3b52f2cd7b42b371886cafe0eac95", "26f455f0000000000000000000000000000000000"
+    record(out, "b1", 3, code={"commit": b, "dirty": False}, code_legs=[
+        {"from_step": 0, "commit": a, "dirty": False}, {"from_step": 400, "commit": a, "dirty": False},
+        {"from_step": 800, "commit": b, "dirty": False}])
+    record(out, "b1", 4, code={"commit": b, "dirty": False}, code_legs=[
+        {"from_step": 0, "commit": None, "dirty": None}, {"from_step": 1400, "commit": b, "dirty": False}])
+    assert cost(load_records(out))["code"] == (
+        "1c0cccd at its last leg (2 runs), 1c0cccd → 26f455f (1 run), 1c0cccd+changes at its last leg (1 run), "
+        "commit unknown at its last leg (1 run), commit unknown → 26f455f (1 run); not recorded for 4 runs "
+        "(trained before 80501ee)")
 
 
 def test_best_of_puts_a_candidate_that_stalled_on_a_seed_last(tmp_path):

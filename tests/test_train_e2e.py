@@ -52,6 +52,7 @@ def test_results_json(finished_run):
     else:  # not a git checkout (an unpacked archive): no commit to name
         assert saved["code"]["commit"] is None and saved["code"]["dirty"] is None
     assert saved["code"]["torch"] == torch.__version__ and saved["code"]["python"] == platform.python_version()
+    assert saved["code_legs"] == [{"from_step": 0, "commit": saved["code"]["commit"], "dirty": saved["code"]["dirty"]}]
     # the final test loads the best checkpoint: its counters must not replace the run's (wall_s was
     # once the best checkpoint's wall time plus the whole run's)
     assert 0 < saved["wall_s"] <= results["measured_wall_s"] + 0.1

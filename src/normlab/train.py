@@ -185,7 +185,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
                             config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
     full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
-        full.started = t0
+        full.started, full.code = t0, code
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
     # own, which prints "Epoch 0/-2" bars into redirected logs.
     bar = any(isinstance(c, ProgressBar) for c in callbacks)
@@ -239,7 +239,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         # params again: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
         # first layer loses its input norm: schemes/recent.py)
         results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
-                       code=code,
+                       code=code,  # this leg's; code_legs: every leg's commit, from which step
+                       code_legs=None if code is None else full.code_legs() if full is not None else [
+                           {"from_step": 0, "commit": code["commit"], "dirty": code["dirty"]}],
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included

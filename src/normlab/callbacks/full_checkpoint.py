@@ -6,7 +6,9 @@ epoch and position from TokenBatchSampler, callback states: divergence guard, Dr
 and step checkpoints' bookkeeping, the fp16 loss scaler) and, added here, every RNG of every rank
 (torch, CUDA, numpy, Python; LayerDrop's generator counter is a buffer of the model) and the run's
 counters (target tokens, training seconds, wall seconds), so throughput and wall time in
-results.json cover the whole run, not the last leg.
+results.json cover the whole run, not the last leg; and the code of each leg (`code_legs`: the
+normlab commit that trained from which step, provenance.py), so a run continued after a code change
+says which code trained which steps.
 
 When it is saved matters for exactness:
 - after an optimizer step (never between the micro-batches of gradient accumulation);
@@ -101,6 +103,9 @@ class FullStateCheckpoint(Checkpoint):
         self._stop = False  # saved for a stop: end at the next batch
         self._last_step = -1
         self._rng_to_restore: dict | None = None
+        self.code: dict | None = None  # this leg's code (train.py sets it on rank 0: provenance.code_version)
+        self.legs_before: list[dict] = []  # the code of the earlier legs (from the checkpoint)
+        self._leg_start = 0  # the step this leg started from
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if self.dirpath is None:
@@ -108,6 +113,13 @@ class FullStateCheckpoint(Checkpoint):
 
     def wall_s(self) -> float:
         return self.wall_before + time.time() - self.started
+
+    def code_legs(self) -> list[dict]:
+        """[{"from_step", "commit", "dirty"}] for every leg of the run up to now, the first from step 0
+        (a checkpoint from before code_legs existed: its legs are one leg of unknown code)."""
+        code = self.code or {}
+        return [*self.legs_before, {"from_step": self._leg_start, "commit": code.get("commit"),
+                                    "dirty": code.get("dirty")}]
 
     # ---- when --------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -152,6 +164,7 @@ class FullStateCheckpoint(Checkpoint):
             "rng": _gather(rng_state(), trainer.world_size),  # one entry per rank
             **pl_module.throughput_counters(),  # train_tokens, train_seconds
             "wall_s": self.wall_s(),
+            "code_legs": self.code_legs(),
         }
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
@@ -166,6 +179,7 @@ class FullStateCheckpoint(Checkpoint):
             return
         pl_module.restore_throughput_counters(state["train_tokens"], state["train_seconds"])
         self.wall_before = state["wall_s"]
+        self.legs_before = state.get("code_legs") or [{"from_step": 0, "commit": None, "dirty": None}]
         ranks = state["rng"]
         self._rng_to_restore = ranks[trainer.global_rank] if trainer.global_rank < len(ranks) else ranks[0]
         self._last_step = int(checkpoint.get("global_step", -1))
@@ -179,6 +193,7 @@ class FullStateCheckpoint(Checkpoint):
             for step, path in full_checkpoints(self.dirpath):
                 if step > trainer.global_step:
                     path.unlink(missing_ok=True)
+        self._leg_start = trainer.global_step
         # RNG last, right before the first batch: nothing between here and training_step draws.
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)

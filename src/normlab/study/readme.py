@@ -80,14 +80,21 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
 
 
 def _code(recs: list[Record]) -> str:
-    """The commits that trained the runs (results.json `code`, provenance.py), for the Cost section:
-    "1c0cccd (2 runs), 80501ee+changes (1 run); not recorded for 8 runs (trained before 80501ee)"."""
-    def name(code: dict) -> str:  # no commit: not a git checkout, or git not there to ask
+    """The commits that trained the runs (results.json `code_legs`, else `code`: provenance.py), for
+    the Cost section: "1c0cccd (2 runs), 26f455f → 33f0c29 (1 run), 80501ee+changes at its last leg
+    (1 run); not recorded for 8 runs (trained before 80501ee)"."""
+    def name(code: dict) -> str:  # no commit: not a git checkout, git not there to ask, or a leg before code_legs
         return (code["commit"][:7] if code.get("commit") else "commit unknown") + ("+changes" if code.get("dirty") else "")
+
+    def key(res: dict) -> str:
+        legs = res.get("code_legs") if isinstance(res.get("code_legs"), list) else None
+        if not legs:  # a record from before code_legs existed: its last leg's code only
+            return f"{name(res['code'])} at its last leg" if isinstance(res.get("code"), dict) else ""
+        names = [name(leg) for leg in legs]
+        return " → ".join(n for i, n in enumerate(names) if i == 0 or n != names[i - 1])
     counts: dict[str, int] = {}
     for r in recs:
-        key = name(r.results["code"]) if isinstance(r.results.get("code"), dict) else ""
-        counts[key] = counts.get(key, 0) + 1
+        counts[key(r.results)] = counts.get(key(r.results), 0) + 1
     runs = lambda n: f"{n} run{'s' if n != 1 else ''}"  # noqa: E731
     known = [f"{k} ({runs(n)})" for k, n in sorted(counts.items()) if k]
     text = ", ".join(known)
@@ -152,8 +159,8 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
               + _extra_seeds(study)
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
-              *([f"Code (the normlab commit of each run's last leg): {c['code'] or '—'}.", ""]
-                if study.kind != "probe" else []),
+              *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
+                 f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better
