@@ -188,11 +188,14 @@ class TorchTransformer:
 
 
 class NormlabNoBias(Normlab):
-    """Not a peer: normlab's model with x-transformers' parameter set, to measure what the biases cost
-    (issue 21's tiny-shape gap). Vaswani et al. 2017 (and fairseq, torch.nn.Transformer) give every
-    attention projection and every LayerNorm a bias; x-transformers has none there (its FFN keeps
-    them): normlab has 131 parameter tensors at the tiny shape, x-transformers 80. Removing those
-    biases here gives normlab x-transformers' count; the model is otherwise normlab's."""
+    """Not a peer: normlab's model without the biases x-transformers does not have, to measure what
+    they cost (issue 21's tiny-shape gap). fairseq and torch.nn.Transformer (nn.MultiheadAttention)
+    give every attention projection and every LayerNorm a bias, and so does normlab (Vaswani et al.
+    2017 write the projections without one; tensor2tensor's attention has none, its LayerNorm has
+    one); x-transformers has none there (its FFN keeps them). At the tiny shape: normlab 131
+    parameter tensors (65 biases), this variant 78 (12, the FFN's), x-transformers 80 (12; its 2
+    more are learned position embeddings, which normlab's sinusoids do not need). The model is
+    otherwise normlab's."""
     name = "normlab-nobias"
 
     def __init__(self, s: Shape, drop: dict, compile: bool = False, full_logits: bool = False):

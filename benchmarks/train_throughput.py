@@ -52,7 +52,7 @@ def build(settings, names, shape, device, compile):
             if key not in runs:
                 torch.manual_seed(0)
                 try:
-                    peer = P.build(cls, shape, setting, compile=compile and cls is P.Normlab)
+                    peer = P.build(cls, shape, setting, compile=compile and issubclass(cls, P.Normlab))
                 except ImportError as e:
                     print(f"{cls.name}: skipped ({e}; pip install -e '.[bench]')")
                     continue
@@ -62,9 +62,11 @@ def build(settings, names, shape, device, compile):
             by_setting[setting].append(runs[key])
     # Turn order: each dropout setting's runs together, normlab on full logits (the model alone)
     # right after its peers, so a model-alone ratio pairs steps taken next to each other, as the
-    # other ratios do (it was 7-8 steps away, after every setting's runs).
+    # other ratios do (it was 7-8 steps away, after every setting's runs); a variant of normlab's
+    # right after normlab (the normlab / variant ratio pairs adjacent steps).
     group = {base: i for i, base in enumerate(dict.fromkeys(k[1] for k in runs))}
-    order = sorted(runs, key=lambda k: (group[k[1]], k[2]))  # stable: normlab, then peers, then full
+    ours = {"normlab", *(c.name for c in P.VARIANTS)}
+    order = sorted(runs, key=lambda k: (group[k[1]], k[2], k[0] not in ours))  # normlab, variants, peers; then full
     return [runs[k] for k in order], by_setting
 
 
@@ -118,6 +120,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats: {args.repeats}; must be at least 1")
+    models = args.models.split(",")
+    variants = [c.name for c in P.VARIANTS if c.name in models]
+    if variants and ("normlab" not in models or not {c.name for c in P.PEERS[1:]} & set(models)):
+        ap.error(f"--models: {', '.join(variants)} is timed against normlab and a peer: add normlab and one of "
+                 f"{', '.join(c.name for c in P.PEERS[1:])}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -130,7 +137,7 @@ def main(argv=None) -> dict:
         if setting not in P.SETTING_TEXT:
             ap.error(f"--settings: {setting!r}; allowed: {', '.join(P.SETTING_TEXT)}")
     peak = P.matmul_peak(device)
-    runs, by_setting = build(settings, args.models.split(","), shape, device, args.compile)
+    runs, by_setting = build(settings, models, shape, device, args.compile)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
 
     def step(r, b):

@@ -35,6 +35,10 @@ def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpu
     assert first["status"] == "interrupted" and "test_bleu" not in first and first["steps"] == 6
     again = run(compose_cfg(over))  # the same command: continues (nothing left to train), then scores
     assert again["status"] == "completed" and isinstance(again["test_bleu"], float) and again["steps"] == 6
+    # two legs: the one that trained from 0, the one that only scored from 6 (Lightning skips
+    # on_train_start there: the leg's start must still be its checkpoint's step)
+    assert [leg["from_step"] for leg in first["code_legs"]] == [0]
+    assert [leg["from_step"] for leg in again["code_legs"]] == [0, 6]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["test_bleu"] == again["test_bleu"]
 
 
@@ -97,6 +101,7 @@ def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path, monk
 
     again = run(compose_cfg(resumed("b")))
     assert again["steps"] == 28 and "stopped_at_step" not in again
+    assert [leg["from_step"] for leg in again["code_legs"]] == [0, 20]  # run a's leg, then its own
     interrupted_while_scoring(resumed("c"), monkeypatch)
     continued = run(compose_cfg(resumed("c")))
     assert continued["steps"] == 28 and continued["status"] == again["status"]

@@ -61,14 +61,14 @@ def test_dirty_means_src_or_conf_differ(checkout, change, dirty):
     assert version()["dirty"] is dirty
 
 
-def test_no_checkout_and_no_git_are_unknown(checkout, monkeypatch):
+def test_no_git_and_no_checkout_are_unknown(checkout, monkeypatch):
+    with monkeypatch.context() as m:  # the committed checkout, but git cannot be started
+        m.setattr(provenance.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no git")))
+        v = version()
+        assert v["commit"] is None and v["dirty"] is None
+    assert version()["commit"] is not None  # the same checkout with git: known
     shutil.rmtree(checkout / ".git")
     assert version()["commit"] is None and version()["dirty"] is None
-
-    git(checkout, "init", "-q")  # a checkout again, but git cannot be started
-    monkeypatch.setattr(provenance.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no git")))
-    v = version()
-    assert v["commit"] is None and v["dirty"] is None
 
 
 def test_asking_git_never_writes_the_index(checkout):
@@ -81,3 +81,37 @@ def test_asking_git_never_writes_the_index(checkout):
     os.utime(checkout / "src/normlab/a.py", (t, t))
     assert version()["dirty"] is False
     assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
+def test_code_legs_start_at_step_0_and_keep_the_earlier_legs():
+    a = {"from_step": 0, "commit": "a" * 40, "dirty": False}
+    code = {"commit": "b" * 40, "dirty": True, "torch": "t", "python": "p"}
+    b = lambda step: {"from_step": step, "commit": "b" * 40, "dirty": True}  # noqa: E731
+    unknown = {"from_step": 0, "commit": None, "dirty": None}
+    assert provenance.code_legs(None, code, 0) == [b(0)]
+    assert provenance.code_legs([a], code, 13) == [a, b(13)]
+    assert provenance.code_legs([], code, 13) == [unknown, b(13)]  # steps no record names
+
+
+@pytest.mark.parametrize("saved, legs_before", [
+    ({"code_legs": [{"from_step": 0, "commit": "a" * 40, "dirty": False}]},
+     [{"from_step": 0, "commit": "a" * 40, "dirty": False}]),
+    ({}, [{"from_step": 0, "commit": None, "dirty": None}]),   # a full checkpoint from before code_legs
+    (None, [{"from_step": 0, "commit": None, "dirty": None}]),  # a checkpoint from before full-state ones
+])
+def test_a_continued_leg_starts_at_its_checkpoints_step_even_without_training(saved, legs_before):
+    """The leg's start is the checkpoint's step as soon as it is loaded: Lightning skips
+    on_train_start when the checkpoint is at max_steps (a run killed while scoring, rerun), and
+    that leg must not read as a second leg from step 0."""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.full_checkpoint import FullStateCheckpoint
+
+    cb = FullStateCheckpoint(every_n_steps=5)
+    cb.code = {"commit": "b" * 40, "dirty": False}
+    checkpoint = {"global_step": 2000, "callbacks": {}}
+    if saved is not None:
+        checkpoint["normlab"] = {"rng": [{}], "train_tokens": 1.0, "train_seconds": 1.0, "wall_s": 5.0, **saved}
+    module = SimpleNamespace(restore_throughput_counters=lambda *a: None)
+    cb.on_load_checkpoint(SimpleNamespace(global_rank=0), module, checkpoint)
+    assert cb.code_legs() == [*legs_before, {"from_step": 2000, "commit": "b" * 40, "dirty": False}]

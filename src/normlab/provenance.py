@@ -41,3 +41,13 @@ def code_version() -> dict:
         status = _git("status", "--porcelain", "--untracked-files=normal", "--", "src", "conf")
         dirty = bool(status) if status is not None else None
     return {"commit": commit, "dirty": dirty, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def code_legs(before: list[dict] | None, code: dict, from_step: int) -> list[dict]:
+    """results.json `code_legs`: the earlier legs' (a checkpoint's), then this leg's commit and dirty
+    flag from the step it started at. Earlier steps no record names (a checkpoint from before
+    code_legs existed) are one leg of unknown code from step 0, so the legs always start at 0."""
+    legs = list(before or [])
+    if from_step > 0 and not legs:
+        legs = [{"from_step": 0, "commit": None, "dirty": None}]
+    return [*legs, {"from_step": from_step, "commit": code.get("commit"), "dirty": code.get("dirty")}]

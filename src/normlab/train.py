@@ -31,7 +31,7 @@ from normlab.final_test import final_scores, summary_lines
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
-from normlab.provenance import code_version
+from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
 from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
 from normlab.run_spec import RunSpec, resolve
@@ -124,6 +124,19 @@ def device_text(trainer) -> str:
             else f"{platform.machine()}, {_cores()} cores, {torch.get_num_threads()} thread"
                  + ("s" if torch.get_num_threads() != 1 else ""))
     return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
+
+
+def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_state: dict | None) -> list | None:
+    """results.json `code_legs` (provenance.code_legs): the full checkpoints carry them; without that
+    callback, from the checkpoint the run continued from (its folder's, or `resume=`'s), if any."""
+    if code is None:  # not rank 0: it writes no results
+        return None
+    if full is not None:
+        return full.code_legs()
+    if cont.checkpoint is not None:  # the folder's own (written with the callback on): its legs not at hand
+        return code_legs(None, code, cont.step)
+    state = start_state or {}  # resume=: the legs that trained its weights; finetune= starts afresh
+    return code_legs((state.get("normlab") or {}).get("code_legs"), code, int(state.get("global_step") or 0))
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -240,8 +253,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         # first layer loses its input norm: schemes/recent.py)
         results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
                        code=code,  # this leg's; code_legs: every leg's commit, from which step
-                       code_legs=None if code is None else full.code_legs() if full is not None else [
-                           {"from_step": 0, "commit": code["commit"], "dirty": code["dirty"]}],
+                       code_legs=_code_legs(code, full, cont, start_state if spec.resume else None),
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included

@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from normlab.config import ConfigError
 from normlab.private_api import should_accumulate, validation_due
+from normlab.provenance import code_legs
 
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
@@ -115,11 +116,8 @@ class FullStateCheckpoint(Checkpoint):
         return self.wall_before + time.time() - self.started
 
     def code_legs(self) -> list[dict]:
-        """[{"from_step", "commit", "dirty"}] for every leg of the run up to now, the first from step 0
-        (a checkpoint from before code_legs existed: its legs are one leg of unknown code)."""
-        code = self.code or {}
-        return [*self.legs_before, {"from_step": self._leg_start, "commit": code.get("commit"),
-                                    "dirty": code.get("dirty")}]
+        """[{"from_step", "commit", "dirty"}] for every leg of the run up to now (provenance.code_legs)."""
+        return code_legs(self.legs_before, self.code or {}, self._leg_start)
 
     # ---- when --------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -173,13 +171,16 @@ class FullStateCheckpoint(Checkpoint):
         # trainer.max_time caps each invocation: the time of earlier legs does not count against it
         for key in [k for k in checkpoint.get("callbacks", {}) if str(k).startswith("Timer")]:
             del checkpoint["callbacks"][key]
+        # This leg starts at the checkpoint's step (here, not only at on_train_start, which Lightning
+        # skips when the checkpoint is at max_steps: a run killed while scoring, rerun).
+        self._leg_start = int(checkpoint.get("global_step", 0))
         state = checkpoint.get("normlab")
         if state is None:  # a checkpoint written before full-state checkpoints existed
             log.warning("the checkpoint has no RNG state: the continuation will not be exact")
             return
         pl_module.restore_throughput_counters(state["train_tokens"], state["train_seconds"])
         self.wall_before = state["wall_s"]
-        self.legs_before = state.get("code_legs") or [{"from_step": 0, "commit": None, "dirty": None}]
+        self.legs_before = state.get("code_legs") or []  # none: provenance.code_legs names them unknown
         ranks = state["rng"]
         self._rng_to_restore = ranks[trainer.global_rank] if trainer.global_rank < len(ranks) else ranks[0]
         self._last_step = int(checkpoint.get("global_step", -1))

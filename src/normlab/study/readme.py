@@ -93,8 +93,8 @@ def _code(recs: list[Record]) -> str:
         names = [name(leg) for leg in legs]
         return " → ".join(n for i, n in enumerate(names) if i == 0 or n != names[i - 1])
     counts: dict[str, int] = {}
-    for r in recs:
-        counts[key(r.results)] = counts.get(key(r.results), 0) + 1
+    for k in (key(r.results) for r in recs):
+        counts[k] = counts.get(k, 0) + 1
     runs = lambda n: f"{n} run{'s' if n != 1 else ''}"  # noqa: E731
     known = [f"{k} ({runs(n)})" for k, n in sorted(counts.items()) if k]
     text = ", ".join(known)
