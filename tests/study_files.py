@@ -1,7 +1,11 @@
-"""Study files and records for the study tests (test_study.py, test_study_claims.py): a small
-study file (arms a, b1, b2; best_of b_best), a record of one run, a claim."""
+"""Study files and records for the study tests (test_study*.py): a small study file (arms a, b1,
+b2; best_of b_best), a record of one run, a claim, and the verdicts of claims on given rows."""
 import json
 from pathlib import Path
+
+from normlab.study.claims import judge
+from normlab.study.records import load_records
+from normlab.study.spec import load_study
 
 
 def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
@@ -28,3 +32,17 @@ def record(out: Path, arm: str, seed: int, status="completed", **metrics) -> Non
 def claim(**kw):
     return {"id": "c", "claim": "A beats B", "source": "paper", "paper": "+1", "better": "a", "than": "b1",
             "interval": "t", **kw}
+
+
+def verdicts(tmp_path, claims, rows):
+    study = load_study(str(write_study_file(tmp_path, claims)))
+    out = tmp_path / "out"
+    for row in rows:
+        record(out, *row[:2], **row[2])
+    return {v.claim.id: v for v in judge(study, load_records(out), None)}
+
+
+def pairs(a, b, arm_b="b1", **extra_b):
+    rows = [("a", s + 1, {"test_bleu": x, "valid_bleu": 10.0}) for s, x in enumerate(a)]
+    rows += [(arm_b, s + 1, {"test_bleu": x, "valid_bleu": 10.0, **extra_b}) for s, x in enumerate(b)]
+    return rows

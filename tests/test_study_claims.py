@@ -8,21 +8,7 @@ import pytest
 from normlab.study.claims import judge
 from normlab.study.records import load_records
 from normlab.study.spec import load_study
-from study_files import claim, record, write_study_file
-
-
-def verdicts(tmp_path, claims, rows):
-    study = load_study(str(write_study_file(tmp_path, claims)))
-    out = tmp_path / "out"
-    for row in rows:
-        record(out, *row[:2], **row[2])
-    return {v.claim.id: v for v in judge(study, load_records(out), None)}
-
-
-def pairs(a, b, arm_b="b1", **extra_b):
-    rows = [("a", s + 1, {"test_bleu": x, "valid_bleu": 10.0}) for s, x in enumerate(a)]
-    rows += [(arm_b, s + 1, {"test_bleu": x, "valid_bleu": 10.0, **extra_b}) for s, x in enumerate(b)]
-    return rows
+from study_files import claim, pairs, record, verdicts, write_study_file
 
 
 def test_verdicts_follow_the_interval(tmp_path):

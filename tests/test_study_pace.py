@@ -5,7 +5,7 @@ from normlab.study.pace import pace_lines, reached_at
 from normlab.study.records import load_records
 from normlab.study.spec import load_study
 
-from test_study import record, write_study_file
+from study_files import record, write_study_file
 
 
 def test_reached_at_interpolates_between_validations():

@@ -10,7 +10,7 @@ from normlab.study.records import load_records
 from normlab.study.runner import plan
 from normlab.study.spec import load_study
 
-from test_study import claim, pairs, record, verdicts, write_study_file
+from study_files import claim, pairs, record, verdicts, write_study_file
 
 
 def test_fewer_than_3_seeds_say_whether_the_rule_is_met(tmp_path):
