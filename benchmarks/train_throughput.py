@@ -63,10 +63,15 @@ def build(settings, names, shape, device, compile):
     # Turn order: each dropout setting's runs together, normlab on full logits (the model alone)
     # right after its peers, so a model-alone ratio pairs steps taken next to each other, as the
     # other ratios do (it was 7-8 steps away, after every setting's runs); a variant of normlab's
-    # right after normlab (the normlab / variant ratio pairs adjacent steps).
+    # right before normlab, and its full-logits run right after normlab's, so normlab stays next to
+    # its peers and next to the variant.
     group = {base: i for i, base in enumerate(dict.fromkeys(k[1] for k in runs))}
-    ours = {"normlab", *(c.name for c in P.VARIANTS)}
-    order = sorted(runs, key=lambda k: (group[k[1]], k[2], k[0] not in ours))  # normlab, variants, peers; then full
+    variants = {c.name for c in P.VARIANTS}
+
+    def place(k):  # (dropout setting, full logits, then variants / normlab / peers)
+        rank = (0 if k[0] in variants else 1 if k[0] == "normlab" else 2) if not k[2] else int(k[0] != "normlab")
+        return group[k[1]], k[2], rank
+    order = sorted(runs, key=place)
     return [runs[k] for k in order], by_setting
 
 
@@ -121,6 +126,9 @@ def main(argv=None) -> dict:
     if args.repeats < 1:
         ap.error(f"--repeats: {args.repeats}; must be at least 1")
     models = args.models.split(",")
+    known = [c.name for c in (*P.PEERS, *P.VARIANTS)]
+    if set(models) - set(known):
+        ap.error(f"--models: {', '.join(sorted(set(models) - set(known)))}; allowed: {', '.join(known)}")
     variants = [c.name for c in P.VARIANTS if c.name in models]
     if variants and ("normlab" not in models or not {c.name for c in P.PEERS[1:]} & set(models)):
         ap.error(f"--models: {', '.join(variants)} is timed against normlab and a peer: add normlab and one of "
@@ -206,8 +214,8 @@ def main(argv=None) -> dict:
                 print(f"  {'':<13} {fmt_spread(out[f'{v.name}_over_fastest']):<20} {v.name} / the same peer")
     if args.compile:
         for r in runs:
-            if r["name"] == "normlab":
-                print(f"torch.compile: {r['warmup_s']:.1f} s for the {args.warmup} warm-up steps")
+            if r["name"] in ("normlab", *(c.name for c in P.VARIANTS)):
+                print(f"torch.compile: {r['name']}: {r['warmup_s']:.1f} s for the {args.warmup} warm-up steps")
     for name, note in P.PEER_NOTES.items():
         print(f"note: {name}: {note}")
     if not args.no_overhead:

@@ -125,9 +125,32 @@ def test_bias_free_variant_is_normlab_without_attention_and_norm_biases(monkeypa
     assert out[f"{P.NormlabNoBias.name}_over_fastest"] == 1.5
 
 
-@pytest.mark.parametrize("models", ["normlab-nobias,x-transformers", "normlab,normlab-nobias"])
-def test_the_bias_free_variant_needs_normlab_and_a_peer(models, monkeypatch, capsys):
-    """Without normlab or without a peer the variant's ratios would all be nan: refused first."""
+@pytest.mark.parametrize("models, message", [
+    ("normlab-nobias,x-transformers", "--models: normlab-nobias is timed against normlab and a peer"),
+    ("normlab,normlab-nobias", "--models: normlab-nobias is timed against normlab and a peer"),
+    ("normlab,x-transformer", "--models: x-transformer; allowed: normlab, x-transformers"),
+])
+def test_models_without_normlab_and_a_peer_or_unknown_are_refused(models, message, monkeypatch, capsys):
+    """Without normlab or without a peer the variant's ratios would all be nan, and a misspelt model
+    would be left out silently: refused first."""
     mod = load("train_throughput", monkeypatch)
-    err = exit_message(mod.main, ["--models", models], capsys)
-    assert "--models: normlab-nobias is timed against normlab and a peer" in err
+    assert message in exit_message(mod.main, ["--models", models], capsys)
+
+
+def test_the_variant_takes_its_turn_next_to_normlab_and_compiles_with_it(monkeypatch):
+    """With normlab-nobias: per dropout setting the variant, normlab, the peers; then normlab's
+    full-logits run and the variant's (normlab next to its peers and to the variant); --compile
+    compiles both normlab models, never a peer."""
+    import types
+
+    import torch
+
+    mod = load("train_throughput", monkeypatch)
+    monkeypatch.setattr(mod.P, "build", lambda cls, shape, setting, compile=False: types.SimpleNamespace(
+        model=torch.nn.Linear(1, 1), tag=(cls.name, setting), compiled=compile))
+    names = [c.name for c in mod.P.PEERS] + ["normlab-nobias"]
+    runs, _ = mod.build(["none", "none_model"], names, None, torch.device("cpu"), True)
+    assert [r["peer"].tag for r in runs] == [
+        ("normlab-nobias", "none"), ("normlab", "none"), ("x-transformers", "none"), ("torch.nn.Transformer", "none"),
+        ("normlab", "none_model"), ("normlab-nobias", "none_model")]
+    assert {r["peer"].tag[0] for r in runs if r["peer"].compiled} == {"normlab", "normlab-nobias"}

@@ -115,3 +115,23 @@ def test_a_continued_leg_starts_at_its_checkpoints_step_even_without_training(sa
     module = SimpleNamespace(restore_throughput_counters=lambda *a: None)
     cb.on_load_checkpoint(SimpleNamespace(global_rank=0), module, checkpoint)
     assert cb.code_legs() == [*legs_before, {"from_step": 2000, "commit": "b" * 40, "dirty": False}]
+
+
+def test_legs_of_a_run_without_the_full_checkpoint_callback():
+    """train._code_legs without FullStateCheckpoint: resume= takes the legs of the checkpoint's
+    run and starts at its step; finetune= (no start state) is one leg from 0; the folder's own
+    checkpoint continues at its step; a rank other than 0 (no code) writes none."""
+    from types import SimpleNamespace
+
+    from normlab.train import _code_legs
+
+    code = {"commit": "b" * 40, "dirty": False}
+    a = {"from_step": 0, "commit": "a" * 40, "dirty": False}
+    b = lambda step: {"from_step": step, "commit": "b" * 40, "dirty": False}  # noqa: E731
+    unknown = {"from_step": 0, "commit": None, "dirty": None}
+    fresh, own = SimpleNamespace(checkpoint=None, step=0), SimpleNamespace(checkpoint="full-step40.ckpt", step=40)
+    assert _code_legs(code, None, fresh, {"global_step": 30, "normlab": {"code_legs": [a]}}) == [a, b(30)]
+    assert _code_legs(code, None, fresh, {"global_step": 30}) == [unknown, b(30)]
+    assert _code_legs(code, None, fresh, None) == [b(0)]
+    assert _code_legs(code, None, own, None) == [unknown, b(40)]
+    assert _code_legs(None, None, own, None) is None
