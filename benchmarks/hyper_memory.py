@@ -1,14 +1,19 @@
-"""Memory and parameters of hyper-connections (model.residual, issue 20): one training step each of
-pre-LN with the plain residual (add) and with n residual streams (hyper static / dynamic, mHC), at
-the benchmarks' reference config (peers.Shape: 6+6 layers, d 256, FFN 1024, 8k tied vocabulary,
-batches of 128 x 32 tokens), pre-norm (the placement hyper-connections take), no dropout.
+"""Memory, parameters and step time of hyper-connections (model.residual, issue 20): training steps
+of pre-LN with the plain residual (add) and with n residual streams (hyper static / dynamic, mHC),
+pre-norm (the placement hyper-connections take), no dropout, at one of two shapes:
+  reference    the benchmarks' reference config (peers.Shape: 6+6 layers, d 256, FFN 1024, 8k tied
+               vocabulary, batches of 128 x 32 tokens)
+  deep_recent  the deep_recent study's model (12+12 layers, d 64, FFN 256, 4 heads; 64 x 32 tokens,
+               its 2,048-token batches), where the mixing, not the matmuls, sets the step time
 
 Prints the parameter count and the peak bytes live in one step (parameters, gradients, Adam
-state, activations; CPU: tensor storages, peers.LiveBytes; CUDA: the allocator's peak) and one
-step's wall time (one step: indicative only, the machine may be busy).
+state, activations; CPU: tensor storages, peers.LiveBytes; CUDA: the allocator's peak), and the
+median of --steps step times, the models taking turns step by step (so a busy moment slows all
+of them alike), with its ratio to add's in the same run.
 
-    .venv/bin/python benchmarks/hyper_memory.py              # the reference config (~1 min on 2 cores)
-    .venv/bin/python benchmarks/hyper_memory.py --small      # check the script (seconds)
+    .venv/bin/python benchmarks/hyper_memory.py                       # the reference config (~2 min on 2 cores)
+    .venv/bin/python benchmarks/hyper_memory.py --shape deep_recent   # the study's model (~2 min)
+    .venv/bin/python benchmarks/hyper_memory.py --shape small --steps 1   # check the script (seconds)
 """
 from __future__ import annotations
 
@@ -39,28 +44,42 @@ class PreNorm(P.Normlab):
         self.model = self.forward = Seq2SeqTransformer(cfg)
 
 
+SHAPES = {"reference": lambda: P.Shape(), "small": lambda: P.small(P.Shape()),
+          "deep_recent": lambda: P.Shape(d=64, layers=12, heads=4, ffn=256, batch=64)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--small", action="store_true", help="a small model, to check the script")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="reference")
+    ap.add_argument("--small", action="store_true", help="the same as --shape small")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per model, taken in turns (median)")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    shape = P.small(P.Shape()) if args.small else P.Shape()
+    if args.steps < 1:
+        ap.error(f"--steps: {args.steps}; must be at least 1")
+    shape = SHAPES["small" if args.small else args.shape]()
     device = torch.device(args.device)
     (batch,) = P.synthetic_batches(shape, 1, device)
     print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}; d {shape.d}, "
           f"{shape.layers}+{shape.layers} layers, batch {tuple(batch['src'].shape)}")
-    print(f"{'residual':<20} {'parameters':>12} {'peak MiB':>9} {'x add':>6} {'step s':>7}")
-    base = None
+    models = {}
     for name, residual in VARIANTS.items():
         torch.manual_seed(0)
         peer = PreNorm(shape, residual)
         peer.model.to(device)
         opt = P.adam(peer.model.parameters(), device)
         P.timed_step(peer, opt, batch, device)  # warm-up: Adam's state exists before the measured step
-        peak = P.peak_step_memory(peer, opt, batch, device) / 2 ** 20
-        seconds = P.timed_step(peer, opt, batch, device)
-        base = base or peak
-        print(f"{name:<20} {peer.model.num_parameters():>12,} {peak:>9.0f} {peak / base:>6.2f} {seconds:>7.2f}")
+        models[name] = peer, opt, P.peak_step_memory(peer, opt, batch, device) / 2 ** 20
+    times = {name: [] for name in models}
+    for _ in range(args.steps):  # in turns: a busy moment slows every model alike
+        for name, (peer, opt, _) in models.items():
+            times[name].append(P.timed_step(peer, opt, batch, device))
+    print(f"{'residual':<20} {'parameters':>12} {'peak MiB':>9} {'x add':>6} {'step s':>8} {'x add':>6}")
+    base_peak, base_s = models["add"][2], P.quantiles(times["add"])[1]
+    for name, (peer, _, peak) in models.items():
+        step = P.quantiles(times[name])[1]
+        print(f"{name:<20} {peer.model.num_parameters():>12,} {peak:>9.0f} {peak / base_peak:>6.2f} "
+              f"{step:>8.3f} {step / base_s:>6.2f}")
 
 
 if __name__ == "__main__":

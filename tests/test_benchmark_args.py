@@ -154,3 +154,12 @@ def test_the_variant_takes_its_turn_next_to_normlab_and_compiles_with_it(monkeyp
         ("normlab-nobias", "none"), ("normlab", "none"), ("x-transformers", "none"), ("torch.nn.Transformer", "none"),
         ("normlab", "none_model"), ("normlab-nobias", "none_model")]
     assert {r["peer"].tag[0] for r in runs if r["peer"].compiled} == {"normlab", "normlab-nobias"}
+
+
+def test_hyper_memory_rejects_steps_below_one_and_unknown_shapes(monkeypatch, capsys):
+    mod = load("hyper_memory", monkeypatch)
+    assert "--steps: 0; must be at least 1" in exit_message(mod.main, ["--steps", "0"], capsys)
+    assert "invalid choice: 'deep'" in exit_message(mod.main, ["--shape", "deep"], capsys)
+    # the study's shape is deep_recent.yaml's model (12+12, d 64, FFN 256) at its 2,048-token batches
+    s = mod.SHAPES["deep_recent"]()
+    assert (s.layers, s.d, s.ffn, s.heads, s.batch * s.length) == (12, 64, 256, 4, 2048)

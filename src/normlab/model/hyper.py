@@ -150,8 +150,11 @@ class _Connection(nn.Module):
             if both.dim() == 2:
                 y = torch.tensordot(both, h, dims=([0], [0]))  # (1 + n, B, T, d)
                 write = write[:, None, None, None]
-            else:
-                y = torch.einsum("nmbt,nbtd->mbtd", both, h)
+            else:  # per token: Σ_source weight·stream, one fused multiply-add per source stream (einsum
+                # would make it a bmm over B·T tiny matrices, which CPU kernels loop over: ~2x slower)
+                y = both[0, :, :, :, None] * h[0]
+                for i in range(1, both.shape[0]):
+                    y = torch.addcmul(y, both[i, :, :, :, None], h[i])
                 write = write[..., None]
             # the block's input (B, T, d), a copy: its norm keeps it for the backward, and a view
             # would keep all of y; the mixed streams (n, B, T, d)
@@ -188,14 +191,51 @@ class HyperConnection(_Connection):
         return f"streams={self.alpha.numel()}, dynamic={self.dynamic}"
 
 
+class _Sinkhorn(torch.autograd.Function):
+    """Sinkhorn-Knopp with a hand-written backward: the same gradient as autograd through the
+    iterations (tests/test_hyper.py), at about half its cost. Autograd keeps every iteration's
+    input and divisor and runs four kernels per normalisation backward; this keeps only the
+    logits, runs the forward in place, and in the backward recomputes the iterates (recomputing
+    in the backward is what the paper's own kernels do too: Xie et al. 2025, its infrastructure
+    section) and applies the one rule a
+    normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
+        ctx.save_for_backward(logits)
+        ctx.iters = iters
+        return _sinkhorn_iterates(logits, iters)[0]
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (logits,) = ctx.saved_tensors
+        start, ys, sums = _sinkhorn_iterates(logits, ctx.iters, keep=True)
+        for k in reversed(range(len(ys))):  # normalisation k is over dim 1 (rows) for even k, dim 0 for odd
+            g = (g - (g * ys[k]).sum(dim=1 - k % 2, keepdim=True)) / sums[k]
+        return g * start, None  # through exp (the subtracted max: Sinkhorn ignores a common factor)
+
+
+def _sinkhorn_iterates(logits: torch.Tensor, iters: int, keep: bool = False):
+    """Without keep: (the result, [], []), computed in place. With keep: (exp(logits − max), every
+    normalisation's output, every normalisation's divisor), for the backward."""
+    start = torch.exp(logits - logits.amax(dim=(0, 1), keepdim=True))  # the max out: no overflow
+    m, ys, sums = start, [], []  # without keep, start is overwritten: nothing else holds it
+    for _ in range(iters):  # a fixed count (see the module docstring); n² work per token
+        for dim in (1, 0):  # rows, then columns
+            s = m.sum(dim=dim, keepdim=True)
+            if keep:
+                m = m / s
+                ys.append(m)
+                sums.append(s)
+            else:
+                m.div_(s)
+    return (start, ys, sums) if keep else (m, ys, sums)
+
+
 def sinkhorn(logits: torch.Tensor, iters: int = SINKHORN_ITERS) -> torch.Tensor:
     """Sinkhorn-Knopp on exp(logits) over the first two dims (rows, columns): a doubly-stochastic
     matrix (columns sum to 1 up to rounding after the last step, rows to within its error)."""
-    m = torch.exp(logits - logits.amax(dim=(0, 1), keepdim=True).detach())  # the max out: no overflow
-    for _ in range(iters):  # a fixed count (see the module docstring); n² work per token
-        m = m / m.sum(dim=1, keepdim=True)  # rows
-        m = m / m.sum(dim=0, keepdim=True)  # columns
-    return m
+    return _Sinkhorn.apply(logits, iters)
 
 
 def mhc_init(n: int, index: int, off: float = MHC_OFF_LOGIT) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,11 +277,13 @@ class ManifoldHyperConnection(_Connection):
             w = widened(h)
             gain = widened(self.norm.weight)[:, None]
             phi = (gain * widened(self.phi)).view(n, -1, self.phi.shape[1])  # (n, d, k)
-            z = torch.bmm(w.flatten(1, 2), phi).sum(0).view(*h.shape[1:3], -1)  # (B, T, 2n + n²)
-            z = z * torch.rsqrt(w.pow(2).mean(dim=(0, 3)) + self.norm.eps)[..., None]
-            pre = pre[:, None, None] + self.scale[0] * z[..., :n].permute(2, 0, 1)
-            post = post[:, None, None] + self.scale[1] * z[..., n:2 * n].permute(2, 0, 1)
-            res = res[:, :, None, None] + self.scale[2] * z[..., 2 * n:].unflatten(-1, (n, n)).permute(2, 3, 0, 1)
+            # φᵀ·Hᵀ, tokens last: every weight below is contiguous over (B, T), the layout in which
+            # Sinkhorn's row and column sums add whole vectors (tokens first made them ~4x slower)
+            z = torch.bmm(phi.transpose(1, 2), w.flatten(1, 2).transpose(1, 2)).sum(0)  # (2n + n², B·T)
+            z = (z * torch.rsqrt(w.pow(2).mean(dim=(0, 3)) + self.norm.eps).flatten()).view(-1, *h.shape[1:3])
+            pre = pre[:, None, None] + self.scale[0] * z[:n]
+            post = post[:, None, None] + self.scale[1] * z[n:2 * n]
+            res = res[:, :, None, None] + self.scale[2] * z[2 * n:].unflatten(0, (n, n))
         # H_res[target, source]: the mix's (source, target) is its transpose
         weights = torch.sigmoid(pre), sinkhorn(res).transpose(0, 1), 2 * torch.sigmoid(post)
         return tuple(t.to(h.dtype) for t in weights)  # the identity for fp32 streams
