@@ -193,12 +193,12 @@ class HyperConnection(_Connection):
 
 class _Sinkhorn(torch.autograd.Function):
     """Sinkhorn-Knopp with a hand-written backward: the same gradient as autograd through the
-    iterations (tests/test_hyper.py), at about half its cost. Autograd keeps every iteration's
-    input and divisor and runs four kernels per normalisation backward; this keeps only the
-    logits, runs the forward in place, and in the backward recomputes the iterates (recomputing
-    in the backward is what the paper's own kernels do too: Xie et al. 2025, its infrastructure
-    section) and applies the one rule a
-    normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x."""
+    iterations (tests/test_hyper.py). Autograd keeps every normalisation's input and divisor, 40
+    (n, n, B, T) tensors per block; this keeps only the logits, runs the forward in place, and
+    in the backward recomputes the iterates (the paper's kernels recompute theirs in the
+    backward too: Xie et al. 2025, §4.3.2 "Recomputing") and applies the one rule a
+    normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x. What it saves in a training
+    step, with the layout and the mixing below: benchmarks/README.md, "Hyper-connections"."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
