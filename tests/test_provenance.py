@@ -135,3 +135,31 @@ def test_legs_of_a_run_without_the_full_checkpoint_callback():
     assert _code_legs(code, None, fresh, None) == [b(0)]
     assert _code_legs(code, None, own, None) == [unknown, b(40)]
     assert _code_legs(None, None, own, None) is None
+
+
+def test_legs_of_a_fit_that_failed_before_its_checkpoint_loaded():
+    """With the full-checkpoint callback, a fit that fails before Lightning loads the checkpoint
+    (the callback then knows no earlier legs and no start step) must not record one leg of this
+    commit from step 0: the folder's own checkpoint gives its step (earlier legs unknown), resume=
+    its checkpoint's legs. Once loaded, the callback's legs are the record."""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.full_checkpoint import FullStateCheckpoint
+    from normlab.train import _code_legs
+
+    code = {"commit": "b" * 40, "dirty": False}
+    a = {"from_step": 0, "commit": "a" * 40, "dirty": False}
+    b = lambda step: {"from_step": step, "commit": "b" * 40, "dirty": False}  # noqa: E731
+    unknown = {"from_step": 0, "commit": None, "dirty": None}
+    fresh, own = SimpleNamespace(checkpoint=None, step=0), SimpleNamespace(checkpoint="full-step40.ckpt", step=40)
+    full = FullStateCheckpoint(every_n_steps=5)
+    full.code = code
+    assert _code_legs(code, full, own, None) == [unknown, b(40)]
+    assert _code_legs(code, full, fresh, {"global_step": 30, "normlab": {"code_legs": [a]}}) == [a, b(30)]
+    assert _code_legs(code, full, fresh, None) == [b(0)]  # a new run
+    model = SimpleNamespace(restore_throughput_counters=lambda *a: None)
+    trainer = SimpleNamespace(global_rank=0)
+    full.on_load_checkpoint(trainer, model, {"global_step": 40, "normlab": {
+        "train_tokens": 1, "train_seconds": 1.0, "wall_s": 2.0, "rng": [{}], "code_legs": [a]}})
+    assert _code_legs(code, full, own, None) == [a, b(40)]
+

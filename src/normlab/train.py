@@ -128,12 +128,15 @@ def device_text(trainer) -> str:
 
 def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_state: dict | None) -> list | None:
     """results.json `code_legs` (provenance.code_legs): the full checkpoints carry them; without that
-    callback, from the checkpoint the run continued from (its folder's, or `resume=`'s), if any."""
+    callback, or before it loaded one, from the checkpoint the run continues from (its folder's, or
+    `resume=`'s), if any."""
     if code is None:  # not rank 0: it writes no results
         return None
-    if full is not None:
+    # The callback knows the legs once it has loaded the checkpoint it continues from; a fit that
+    # failed before that (or a run without the callback) takes them from what is known here.
+    if full is not None and (full.restored or (cont.checkpoint is None and start_state is None)):
         return full.code_legs()
-    if cont.checkpoint is not None:  # the folder's own (written with the callback on): its legs not at hand
+    if cont.checkpoint is not None:  # the folder's own: its legs not at hand (read only when it loads)
         return code_legs(None, code, cont.step)
     state = start_state or {}  # resume=: the legs that trained its weights; finetune= starts afresh
     return code_legs((state.get("normlab") or {}).get("code_legs"), code, int(state.get("global_step") or 0))

@@ -107,6 +107,7 @@ class FullStateCheckpoint(Checkpoint):
         self.code: dict | None = None  # this leg's code (train.py sets it on rank 0: provenance.code_version)
         self.legs_before: list[dict] = []  # the code of the earlier legs (from the checkpoint)
         self._leg_start = 0  # the step this leg started from
+        self.restored = False  # a checkpoint was loaded: legs_before and _leg_start are its
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if self.dirpath is None:
@@ -174,6 +175,7 @@ class FullStateCheckpoint(Checkpoint):
         # This leg starts at the checkpoint's step (here, not only at on_train_start, which Lightning
         # skips when the checkpoint is at max_steps: a run killed while scoring, rerun).
         self._leg_start = int(checkpoint.get("global_step", 0))
+        self.restored = True
         state = checkpoint.get("normlab")
         if state is None:  # a checkpoint written before full-state checkpoints existed
             log.warning("the checkpoint has no RNG state: the continuation will not be exact")
