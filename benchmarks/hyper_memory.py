@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,14 +44,35 @@ class PreNorm(P.Normlab):
         self.model = self.forward = Seq2SeqTransformer(cfg)
 
 
-SHAPES = {"reference": lambda: P.Shape(), "small": lambda: P.small(P.Shape()),
-          "deep_recent": lambda: P.Shape(d=64, layers=12, heads=4, ffn=256, batch=64)}
+def deep_recent_shape() -> P.Shape:
+    # deep_recent's model: conf/study/deep_recent.yaml's `common` overrides (read, so the two cannot
+    # drift apart) on conf/model/tiny.yaml (peers.tiny_shape: its heads and 2,048-token batches).
+    from omegaconf import OmegaConf
+
+    common = dict(o.split("=", 1) for o in OmegaConf.load(P.ROOT / "conf/study/deep_recent.yaml").common)
+    for key in ("layers", "ffn"):
+        assert common[f"model.encoder_{key}"] == common[f"model.decoder_{key}"], f"deep_recent: encoder_{key}"
+    return replace(P.tiny_shape(), d=int(common["model.d_model"]), layers=int(common["model.encoder_layers"]),
+                   ffn=int(common["model.encoder_ffn"]))
+
+
+SHAPES = {"reference": P.Shape, "small": lambda: P.small(P.Shape()), "deep_recent": deep_recent_shape}
+
+
+def build(shape: P.Shape, residual: dict, batch: dict, device) -> tuple[PreNorm, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    peer = PreNorm(shape, residual)
+    peer.model.to(device)
+    opt = P.adam(peer.model.parameters(), device)
+    P.timed_step(peer, opt, batch, device)  # warm-up: Adam's state exists before the measured steps
+    return peer, opt
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="reference")
-    ap.add_argument("--small", action="store_true", help="the same as --shape small")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--shape", choices=sorted(SHAPES), default="reference")
+    which.add_argument("--small", action="store_true", help="the same as --shape small")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per model, taken in turns (median)")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
@@ -62,23 +83,22 @@ def main(argv=None) -> None:
     (batch,) = P.synthetic_batches(shape, 1, device)
     print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}; d {shape.d}, "
           f"{shape.layers}+{shape.layers} layers, batch {tuple(batch['src'].shape)}")
-    models = {}
-    for name, residual in VARIANTS.items():
-        torch.manual_seed(0)
-        peer = PreNorm(shape, residual)
-        peer.model.to(device)
-        opt = P.adam(peer.model.parameters(), device)
-        P.timed_step(peer, opt, batch, device)  # warm-up: Adam's state exists before the measured step
-        models[name] = peer, opt, P.peak_step_memory(peer, opt, batch, device) / 2 ** 20
+    peaks, params = {}, {}
+    for name, residual in VARIANTS.items():  # one model at a time: a CUDA peak counts every live model
+        peer, opt = build(shape, residual, batch, device)
+        peaks[name] = P.peak_step_memory(peer, opt, batch, device) / 2 ** 20
+        params[name] = peer.model.num_parameters()
+        del peer, opt
+    models = {name: build(shape, residual, batch, device) for name, residual in VARIANTS.items()}
     times = {name: [] for name in models}
     for _ in range(args.steps):  # in turns: a busy moment slows every model alike
-        for name, (peer, opt, _) in models.items():
+        for name, (peer, opt) in models.items():
             times[name].append(P.timed_step(peer, opt, batch, device))
     print(f"{'residual':<20} {'parameters':>12} {'peak MiB':>9} {'x add':>6} {'step s':>8} {'x add':>6}")
-    base_peak, base_s = models["add"][2], P.quantiles(times["add"])[1]
-    for name, (peer, _, peak) in models.items():
+    base_s = P.quantiles(times["add"])[1]
+    for name in models:
         step = P.quantiles(times[name])[1]
-        print(f"{name:<20} {peer.model.num_parameters():>12,} {peak:>9.0f} {peak / base_peak:>6.2f} "
+        print(f"{name:<20} {params[name]:>12,} {peaks[name]:>9.0f} {peaks[name] / peaks['add']:>6.2f} "
               f"{step:>8.3f} {step / base_s:>6.2f}")
 
 

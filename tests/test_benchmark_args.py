@@ -160,6 +160,41 @@ def test_hyper_memory_rejects_steps_below_one_and_unknown_shapes(monkeypatch, ca
     mod = load("hyper_memory", monkeypatch)
     assert "--steps: 0; must be at least 1" in exit_message(mod.main, ["--steps", "0"], capsys)
     assert "invalid choice: 'deep'" in exit_message(mod.main, ["--shape", "deep"], capsys)
-    # the study's shape is deep_recent.yaml's model (12+12, d 64, FFN 256) at its 2,048-token batches
+    assert "not allowed with argument --small" in exit_message(mod.main, ["--small", "--shape", "deep_recent"], capsys)
+    # the study's shape is read from deep_recent.yaml (12+12, d 64, FFN 256) at its 2,048-token batches
     s = mod.SHAPES["deep_recent"]()
     assert (s.layers, s.d, s.ffn, s.heads, s.batch * s.length) == (12, 64, 256, 4, 2048)
+
+
+def test_hyper_memory_takes_turns_and_reports_medians_against_add(monkeypatch, capsys):
+    # Each model's peak is measured while it is the only one built (a CUDA peak counts every live
+    # model), then the timed steps go round the models in turns; the table prints each median and
+    # its ratio to add's median from the same run.
+    from types import SimpleNamespace
+
+    import torch
+
+    mod = load("hyper_memory", monkeypatch)
+    names = list(mod.VARIANTS)
+    monkeypatch.setattr(mod.P, "synthetic_batches", lambda *a, **k: [{"src": torch.zeros(2, 3)}])
+    monkeypatch.setattr(mod, "PreNorm", lambda shape, residual: SimpleNamespace(
+        name=names[list(mod.VARIANTS.values()).index(residual)],
+        model=SimpleNamespace(to=lambda d: None, parameters=lambda: [], num_parameters=lambda: 7)))
+    monkeypatch.setattr(mod.P, "adam", lambda params, device: None)
+    # per model: two warm-ups (built alone for its peak, then built for the turns), then 3 timed steps
+    seconds = {"add": [0, 0, 1.0, 3.0, 2.0], "mhc n=4 dynamic": [0, 0, 9.0, 6.0, 5.0]}
+    calls = []
+
+    def timed(peer, opt, batch, device):
+        calls.append(peer.name)
+        return seconds.get(peer.name, [0, 0, 4.0, 4.0, 4.0])[calls.count(peer.name) - 1]
+
+    peaks = {"add": 100, "hyper n=4 static": 150, "hyper n=4 dynamic": 200, "mhc n=4 dynamic": 250}
+    monkeypatch.setattr(mod.P, "timed_step", timed)
+    monkeypatch.setattr(mod.P, "peak_step_memory", lambda peer, *a: peaks[peer.name] * 2 ** 20)
+    mod.main(["--shape", "small", "--steps", "3"])
+    assert calls == names + names + names * 3  # a warm-up alone each, a warm-up each, 3 turns
+    rows = {line[:20].strip(): line.split()[-4:] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["add"] == ["100", "1.00", "2.000", "1.00"]
+    assert rows["mhc n=4 dynamic"] == ["250", "2.50", "6.000", "3.00"]  # peak, x add, median, x add
+    assert rows["hyper n=4 static"] == ["150", "1.50", "4.000", "2.00"]

@@ -157,9 +157,17 @@ def test_legs_of_a_fit_that_failed_before_its_checkpoint_loaded():
     assert _code_legs(code, full, own, None) == [unknown, b(40)]
     assert _code_legs(code, full, fresh, {"global_step": 30, "normlab": {"code_legs": [a]}}) == [a, b(30)]
     assert _code_legs(code, full, fresh, None) == [b(0)]  # a new run
-    model = SimpleNamespace(restore_throughput_counters=lambda *a: None)
     trainer = SimpleNamespace(global_rank=0)
-    full.on_load_checkpoint(trainer, model, {"global_step": 40, "normlab": {
-        "train_tokens": 1, "train_seconds": 1.0, "wall_s": 2.0, "rng": [{}], "code_legs": [a]}})
-    assert _code_legs(code, full, own, None) == [a, b(40)]
+    saved = {"global_step": 40, "normlab": {"train_tokens": 1, "train_seconds": 1.0, "wall_s": 2.0, "rng": [{}],
+                                            "code_legs": [a]}}
+
+    def broken(*args):
+        raise RuntimeError("the load failed")
+
+    with pytest.raises(RuntimeError):  # a load that fails part-way: the callback still knows nothing
+        full.on_load_checkpoint(trainer, SimpleNamespace(restore_throughput_counters=broken), saved)
+    assert _code_legs(code, full, fresh, {"global_step": 40, "normlab": {"code_legs": [a]}}) == [a, b(40)]
+    full.on_load_checkpoint(trainer, SimpleNamespace(restore_throughput_counters=lambda *a: None), saved)
+    assert _code_legs(code, full, own, None) == [a, b(40)]  # the folder's own, loaded
+    assert _code_legs(code, full, fresh, {"global_step": 40, "normlab": {"code_legs": [a]}}) == [a, b(40)]  # resume=
 

@@ -175,14 +175,15 @@ class FullStateCheckpoint(Checkpoint):
         # This leg starts at the checkpoint's step (here, not only at on_train_start, which Lightning
         # skips when the checkpoint is at max_steps: a run killed while scoring, rerun).
         self._leg_start = int(checkpoint.get("global_step", 0))
-        self.restored = True
         state = checkpoint.get("normlab")
         if state is None:  # a checkpoint written before full-state checkpoints existed
             log.warning("the checkpoint has no RNG state: the continuation will not be exact")
+            self.restored = True  # its legs: unknown up to its step (provenance.code_legs)
             return
         pl_module.restore_throughput_counters(state["train_tokens"], state["train_seconds"])
         self.wall_before = state["wall_s"]
         self.legs_before = state.get("code_legs") or []  # none: provenance.code_legs names them unknown
+        self.restored = True  # only now: a load that fails before this leaves train.py the legs it knows
         ranks = state["rng"]
         self._rng_to_restore = ranks[trainer.global_rank] if trainer.global_rank < len(ranks) else ranks[0]
         self._last_step = int(checkpoint.get("global_step", -1))

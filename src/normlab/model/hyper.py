@@ -133,8 +133,9 @@ def stream_ends(cfg, scheme_input: nn.Module) -> tuple[nn.Module, nn.Module | No
 class _Connection(nn.Module):
     """A residual block's forward over n streams, given its weights (the subclasses'): read the
     block's input from the streams, mix the streams, write the branch into them. The read and
-    mix weights go through one product (the paper's (n+1)-column HC matrix, lucidrains' alpha):
-    static weights have no token dims and make it one matmul, dynamic ones are per token (B, T)."""
+    mix weights are applied together (the paper's (n+1)-column HC matrix, lucidrains' alpha):
+    static weights have no token dims and make it one matmul; dynamic ones are per token (B, T),
+    n multiply-adds over the source streams."""
 
     def weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """read (n[, B, T]), mix (source n, target n[, B, T]), write (n[, B, T])."""
@@ -151,7 +152,8 @@ class _Connection(nn.Module):
                 y = torch.tensordot(both, h, dims=([0], [0]))  # (1 + n, B, T, d)
                 write = write[:, None, None, None]
             else:  # per token: Σ_source weight·stream, one fused multiply-add per source stream (einsum
-                # would make it a bmm over B·T tiny matrices, which CPU kernels loop over: ~2x slower)
+                # would make it a bmm over B·T tiny matrices, which CPU kernels loop over: slower,
+                # benchmarks/README.md "Hyper-connections")
                 y = both[0, :, :, :, None] * h[0]
                 for i in range(1, both.shape[0]):
                     y = torch.addcmul(y, both[i, :, :, :, None], h[i])
@@ -197,8 +199,9 @@ class _Sinkhorn(torch.autograd.Function):
     (n, n, B, T) tensors per block; this keeps only the logits, runs the forward in place, and
     in the backward recomputes the iterates (the paper's kernels recompute theirs in the
     backward too: Xie et al. 2025, §4.3.2 "Recomputing") and applies the one rule a
-    normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x. What it saves in a training
-    step, with the layout and the mixing below: benchmarks/README.md, "Hyper-connections"."""
+    normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x. Its backward holds the 40
+    iterates of one block at a time, while it runs. What it saves in a training step, with the
+    layout and the mixing: benchmarks/README.md, "Hyper-connections"."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
@@ -212,7 +215,7 @@ class _Sinkhorn(torch.autograd.Function):
         start, ys, sums = _sinkhorn_iterates(logits, ctx.iters, keep=True)
         for k in reversed(range(len(ys))):  # normalisation k is over dim 1 (rows) for even k, dim 0 for odd
             g = (g - (g * ys[k]).sum(dim=1 - k % 2, keepdim=True)) / sums[k]
-        return g * start, None  # through exp (the subtracted max: Sinkhorn ignores a common factor)
+        return g * start, None  # through exp (the subtracted max: a normalisation ignores a common factor)
 
 
 def _sinkhorn_iterates(logits: torch.Tensor, iters: int, keep: bool = False):
@@ -235,6 +238,8 @@ def _sinkhorn_iterates(logits: torch.Tensor, iters: int, keep: bool = False):
 def sinkhorn(logits: torch.Tensor, iters: int = SINKHORN_ITERS) -> torch.Tensor:
     """Sinkhorn-Knopp on exp(logits) over the first two dims (rows, columns): a doubly-stochastic
     matrix (columns sum to 1 up to rounding after the last step, rows to within its error)."""
+    if iters < 1:  # no normalisation: exp(logits − max), whose gradient the detached max gets wrong
+        raise ValueError(f"sinkhorn: iters={iters}; must be at least 1")
     return _Sinkhorn.apply(logits, iters)
 
 
@@ -278,7 +283,8 @@ class ManifoldHyperConnection(_Connection):
             gain = widened(self.norm.weight)[:, None]
             phi = (gain * widened(self.phi)).view(n, -1, self.phi.shape[1])  # (n, d, k)
             # φᵀ·Hᵀ, tokens last: every weight below is contiguous over (B, T), the layout in which
-            # Sinkhorn's row and column sums add whole vectors (tokens first made them ~4x slower)
+            # Sinkhorn's row and column sums add whole vectors (tokens first, its sums ran over
+            # the innermost n: slower, benchmarks/README.md "Hyper-connections")
             z = torch.bmm(phi.transpose(1, 2), w.flatten(1, 2).transpose(1, 2)).sum(0)  # (2n + n², B·T)
             z = (z * torch.rsqrt(w.pow(2).mean(dim=(0, 3)) + self.norm.eps).flatten()).view(-1, *h.shape[1:3])
             pre = pre[:, None, None] + self.scale[0] * z[:n]
