@@ -12,7 +12,7 @@ median of --steps step times, the models taking turns step by step (so a busy mo
 of them alike), with its ratio to add's in the same run.
 
     .venv/bin/python benchmarks/hyper_memory.py                       # the reference config (~2 min on 2 cores)
-    .venv/bin/python benchmarks/hyper_memory.py --shape deep_recent   # the study's model (~2 min)
+    .venv/bin/python benchmarks/hyper_memory.py --shape deep_recent   # the study's model (~1 min)
     .venv/bin/python benchmarks/hyper_memory.py --shape small --steps 1   # check the script (seconds)
 """
 from __future__ import annotations
