@@ -26,7 +26,7 @@ def test_lower_is_better_for_loss_metrics(tmp_path):
     assert verdicts(tmp_path, [claim(metric="valid_nll")], rows)["c"].verdict == "held"
 
 
-def test_not_run_when_an_arm_did_not_train(tmp_path):
+def test_no_score_when_an_arm_did_not_train(tmp_path):
     study = load_study(str(write_study_file(tmp_path, [claim()])))
     out = tmp_path / "out"
     for arm, seed in (("a", 1), ("a", 2)):
@@ -34,7 +34,21 @@ def test_not_run_when_an_arm_did_not_train(tmp_path):
     for seed in (1, 2):
         record(out, "b1", seed, status="stalled", test_bleu=0.5)
     v = judge(study, load_records(out), None)[0]
-    assert v.verdict == "not run" and v.statuses["b1"] == {"stalled": 2} and v.interval is None
+    assert v.verdict == "no score" and v.statuses["b1"] == {"stalled": 2} and v.interval is None
+
+
+def test_not_run_when_an_arm_has_no_record_or_no_seed_in_common(tmp_path):
+    study = load_study(str(write_study_file(tmp_path, [claim()])))
+    out = tmp_path / "out"
+    record(out, "a", 1, test_bleu=20.0)
+    v = judge(study, load_records(out), None)[0]
+    assert v.verdict == "not run" and v.statuses["b1"] == {}
+    record(out, "b1", 1, status="stalled", test_bleu=0.5)  # ran, and stalled: no score
+    assert judge(study, load_records(out), None)[0].verdict == "no score"
+    out2 = tmp_path / "out2"  # both trained, on different seeds: nothing to pair yet
+    record(out2, "a", 1, test_bleu=20.0)
+    record(out2, "b1", 2, test_bleu=19.0)
+    assert judge(study, load_records(out2), None)[0].verdict == "not run"
 
 
 def test_best_of_picks_by_validation_not_test(tmp_path):

@@ -2,8 +2,9 @@
 
 - compare (A better than B on a metric): `held` when the 95% interval of mean(A - B) over paired
   seeds excludes zero in the paper's direction, `contradicted` when it excludes zero the other way,
-  `inconclusive` otherwise; `not run` when an arm has no scored seed (diverged, stalled, failed or
-  not yet run: shown with the statuses).
+  `inconclusive` otherwise; `no score` when both arms ran but one has no seed that trained to the
+  end (diverged, stalled or failed: shown with the statuses; a `trains` claim judges that), `not run`
+  when an arm has no record yet.
 - similar (A about as good as B): `held` when the interval lies inside ±margin, `contradicted` when
   it lies wholly outside, `inconclusive` otherwise.
 - no_worse (A at most margin worse than B, the paper's "matches or improves"): `held` when the whole
@@ -39,7 +40,7 @@ SCORED = (Status.COMPLETED.value,)  # a claim compares scores of runs that train
 @dataclass
 class Verdict:
     claim: Claim
-    verdict: str                      # held | contradicted | inconclusive | not run
+    verdict: str                      # held | contradicted | inconclusive | no score | not run
     better: str                       # the arms that stood for each side (a best_of group: the pick)
     than: str | None
     interval: Interval | None = None
@@ -122,6 +123,9 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
                 note="; ".join(n for n in (note_a, note_b) if n))
     seeds = sorted(set(A) & set(B))
     if not seeds:
+        ran = by_arm.get(a) and by_arm.get(b)
+        if ran and not (A and B):  # both ran, one never trained to the end: "not run" would hide that
+            v.verdict = "no score"
         return v
     iv = None
     if claim.interval == "bootstrap" and is_test_bleu(ma) and is_test_bleu(mb):
