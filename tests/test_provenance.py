@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from normlab import provenance
 
@@ -133,15 +134,33 @@ def test_legs_of_a_run_without_the_full_checkpoint_callback():
     assert _code_legs(code, None, fresh, {"global_step": 30, "normlab": {"code_legs": [a]}}) == [a, b(30)]
     assert _code_legs(code, None, fresh, {"global_step": 30}) == [unknown, b(30)]
     assert _code_legs(code, None, fresh, None) == [b(0)]
-    assert _code_legs(code, None, own, None) == [unknown, b(40)]
+    assert _code_legs(code, None, own, None) == [unknown, b(40)]  # no such file: its legs unknown
     assert _code_legs(None, None, own, None) is None
+
+
+def test_legs_of_the_folders_own_checkpoint_are_read_from_it(tmp_path):
+    """A fit that fails before its own checkpoint loads still records the legs that checkpoint
+    holds (read weights-only with mmap); an unreadable one leaves them unknown."""
+    from types import SimpleNamespace
+
+    from normlab.train import _code_legs
+
+    code = {"commit": "b" * 40, "dirty": False}
+    a = {"from_step": 0, "commit": "a" * 40, "dirty": False}
+    ck = tmp_path / "full-step40.ckpt"
+    torch.save({"global_step": 40, "state_dict": {"w": torch.ones(2)}, "normlab": {"code_legs": [a]}}, ck)
+    own = SimpleNamespace(checkpoint=str(ck), step=40)
+    assert _code_legs(code, None, own, None) == [a, {"from_step": 40, **code}]
+    ck.write_bytes(ck.read_bytes()[:50])  # truncated
+    assert _code_legs(code, None, own, None) == [{"from_step": 0, "commit": None, "dirty": None},
+                                                 {"from_step": 40, **code}]
 
 
 def test_legs_of_a_fit_that_failed_before_its_checkpoint_loaded():
     """With the full-checkpoint callback, a fit that fails before Lightning loads the checkpoint
     (the callback then knows no earlier legs and no start step) must not record one leg of this
-    commit from step 0: the folder's own checkpoint gives its step (earlier legs unknown), resume=
-    its checkpoint's legs. Once loaded, the callback's legs are the record."""
+    commit from step 0: the folder's own checkpoint gives its step (and its legs, when it can be read:
+    the test above; this one is missing, so they are unknown), resume= its checkpoint's legs. Once loaded, the callback's legs are the record."""
     from types import SimpleNamespace
 
     from normlab.callbacks.full_checkpoint import FullStateCheckpoint

@@ -23,7 +23,7 @@ from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.callbacks.stall import StallGuard
-from normlab.checkpoint import write_json
+from normlab.checkpoint import CheckpointError, load_checkpoint, write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
 from normlab.callbacks import instantiate_callbacks
@@ -133,11 +133,15 @@ def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_
     if code is None:  # not rank 0: it writes no results
         return None
     # The callback knows the legs once it has loaded the checkpoint it continues from; a fit that
-    # failed before that (or a run without the callback) takes them from what is known here.
+    # failed before that (or a run without the callback) takes them from the checkpoint itself.
     if full is not None and (full.restored or (cont.checkpoint is None and start_state is None)):
         return full.code_legs()
-    if cont.checkpoint is not None:  # the folder's own: its legs not at hand (read only when it loads)
-        return code_legs(None, code, cont.step)
+    if cont.checkpoint is not None:  # the folder's own, not loaded: its legs read here (mmap: no tensors)
+        try:
+            state = load_checkpoint(cont.checkpoint, mmap=True)
+        except CheckpointError:  # unreadable: the fit failed on it; its earlier legs stay unknown
+            state = {}
+        return code_legs((state.get("normlab") or {}).get("code_legs"), code, cont.step)
     state = start_state or {}  # resume=: the legs that trained its weights; finetune= starts afresh
     return code_legs((state.get("normlab") or {}).get("code_legs"), code, int(state.get("global_step") or 0))
 
