@@ -151,6 +151,8 @@ def test_legs_of_the_folders_own_checkpoint_are_read_from_it(tmp_path):
     torch.save({"global_step": 40, "state_dict": {"w": torch.ones(2)}, "normlab": {"code_legs": [a]}}, ck)
     own = SimpleNamespace(checkpoint=str(ck), step=40)
     assert _code_legs(code, None, own, None) == [a, {"from_step": 40, **code}]
+    torch.save({"global_step": 40, "normlab": torch.ones(3)}, ck)  # not the callback's state: unknown
+    assert _code_legs(code, None, own, None)[0]["commit"] is None
     ck.write_bytes(ck.read_bytes()[:50])  # truncated
     assert _code_legs(code, None, own, None) == [{"from_step": 0, "commit": None, "dirty": None},
                                                  {"from_step": 40, **code}]
@@ -160,7 +162,8 @@ def test_legs_of_a_fit_that_failed_before_its_checkpoint_loaded():
     """With the full-checkpoint callback, a fit that fails before Lightning loads the checkpoint
     (the callback then knows no earlier legs and no start step) must not record one leg of this
     commit from step 0: the folder's own checkpoint gives its step (and its legs, when it can be read:
-    the test above; this one is missing, so they are unknown), resume= its checkpoint's legs. Once loaded, the callback's legs are the record."""
+    the test above; this one is missing, so they are unknown), resume= its checkpoint's legs. Once
+    loaded, the callback's legs are the record."""
     from types import SimpleNamespace
 
     from normlab.callbacks.full_checkpoint import FullStateCheckpoint

@@ -49,6 +49,20 @@ def test_not_run_when_an_arm_has_no_record_or_no_seed_in_common(tmp_path):
     record(out2, "a", 1, test_bleu=20.0)
     record(out2, "b1", 2, test_bleu=19.0)
     assert judge(study, load_records(out2), None)[0].verdict == "not run"
+    out3 = tmp_path / "out3"  # a completed run without the claim's metric did train: not "no score"
+    record(out3, "a", 1, test_bleu=20.0)
+    record(out3, "b1", 1, valid_bleu=19.0)
+    assert judge(study, load_records(out3), None)[0].verdict == "not run"
+
+
+def test_no_score_sees_every_candidate_of_a_best_of_side(tmp_path):
+    """The side b_best ran when any of its candidates did: b1 (the one the pick falls back to) has
+    no record, b2 stalled."""
+    study = load_study(str(write_study_file(tmp_path, [claim(than="b_best")])))
+    out = tmp_path / "out"
+    record(out, "a", 1, test_bleu=20.0)
+    record(out, "b2", 1, status="stalled", test_bleu=0.1)
+    assert judge(study, load_records(out), None)[0].verdict == "no score"
 
 
 def test_best_of_picks_by_validation_not_test(tmp_path):

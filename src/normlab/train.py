@@ -137,11 +137,12 @@ def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_
     if full is not None and (full.restored or (cont.checkpoint is None and start_state is None)):
         return full.code_legs()
     if cont.checkpoint is not None:  # the folder's own, not loaded: its legs read here (mmap: no tensors)
-        try:
-            state = load_checkpoint(cont.checkpoint, mmap=True)
-        except CheckpointError:  # unreadable: the fit failed on it; its earlier legs stay unknown
-            state = {}
-        return code_legs((state.get("normlab") or {}).get("code_legs"), code, cont.step)
+        try:  # (this runs as the run ends, after any failure: it must not raise a second one)
+            ours = load_checkpoint(cont.checkpoint, mmap=True).get("normlab")
+        except (CheckpointError, OSError):  # unreadable: its earlier legs stay unknown
+            ours = None
+        legs = ours.get("code_legs") if isinstance(ours, dict) else None
+        return code_legs(legs if isinstance(legs, list) else None, code, cont.step)
     state = start_state or {}  # resume=: the legs that trained its weights; finetune= starts afresh
     return code_legs((state.get("normlab") or {}).get("code_legs"), code, int(state.get("global_step") or 0))
 

@@ -2,9 +2,9 @@
 
 - compare (A better than B on a metric): `held` when the 95% interval of mean(A - B) over paired
   seeds excludes zero in the paper's direction, `contradicted` when it excludes zero the other way,
-  `inconclusive` otherwise; `no score` when both arms ran but one has no seed that trained to the
-  end (diverged, stalled or failed: shown with the statuses; a `trains` claim judges that), `not run`
-  when an arm has no record yet.
+  `inconclusive` otherwise; `no score` when both sides ran but one has no seed that trained to the
+  end (diverged or stalled: shown with the statuses; a `trains` claim judges that), `not run` when a
+  side has no record yet or the sides share no scored seed.
 - similar (A about as good as B): `held` when the interval lies inside ±margin, `contradicted` when
   it lies wholly outside, `inconclusive` otherwise.
 - no_worse (A at most margin worse than B, the paper's "matches or improves"): `held` when the whole
@@ -91,6 +91,12 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
     return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by}, fewest seeds that failed to train first)"
 
 
+def _side_records(study: Study, side: str, by_arm: dict[str, list[Record]]) -> list[Record]:
+    """The records of a claim's side: its arm's, or every candidate's of a best_of group."""
+    arms = study.best_of[side]["arms"] if side in study.best_of else [side]
+    return [r for arm in arms for r in by_arm.get(arm, [])]
+
+
 def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None) -> list[Verdict]:
     return [judge_one(study, c, by_arm, refs) for c in study.claims]
 
@@ -123,9 +129,9 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
                 note="; ".join(n for n in (note_a, note_b) if n))
     seeds = sorted(set(A) & set(B))
     if not seeds:
-        ran = by_arm.get(a) and by_arm.get(b)
-        if ran and not (A and B):  # both ran, one never trained to the end: "not run" would hide that
-            v.verdict = "no score"
+        ran = [_side_records(study, side, by_arm) for side in (claim.better, claim.than)]
+        if all(ran) and not all(any(r.status in SCORED for r in recs) for recs in ran):
+            v.verdict = "no score"  # both ran, one never trained to the end: "not run" would hide that
         return v
     iv = None
     if claim.interval == "bootstrap" and is_test_bleu(ma) and is_test_bleu(mb):
