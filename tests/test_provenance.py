@@ -151,8 +151,12 @@ def test_legs_of_the_folders_own_checkpoint_are_read_from_it(tmp_path):
     torch.save({"global_step": 40, "state_dict": {"w": torch.ones(2)}, "normlab": {"code_legs": [a]}}, ck)
     own = SimpleNamespace(checkpoint=str(ck), step=40)
     assert _code_legs(code, None, own, None) == [a, {"from_step": 40, **code}]
-    torch.save({"global_step": 40, "normlab": torch.ones(3)}, ck)  # not the callback's state: unknown
-    assert _code_legs(code, None, own, None)[0]["commit"] is None
+    unknown = [{"from_step": 0, "commit": None, "dirty": None}, {"from_step": 40, **code}]
+    for bad in (torch.ones(3), {"code_legs": torch.ones(3)}, {"code_legs": [{"commit": torch.ones(1)}]}):
+        torch.save({"global_step": 40, "normlab": bad}, ck)  # not the callback's state: unknown
+        assert _code_legs(code, None, own, None) == unknown
+        assert _code_legs(code, None, SimpleNamespace(checkpoint=None, step=0),
+                          {"global_step": 40, "normlab": bad}) == unknown  # resume= likewise
     ck.write_bytes(ck.read_bytes()[:50])  # truncated
     assert _code_legs(code, None, own, None) == [{"from_step": 0, "commit": None, "dirty": None},
                                                  {"from_step": 40, **code}]

@@ -62,7 +62,8 @@ def test_no_score_sees_every_candidate_of_a_best_of_side(tmp_path):
     out = tmp_path / "out"
     record(out, "a", 1, test_bleu=20.0)
     record(out, "b2", 1, status="stalled", test_bleu=0.1)
-    assert judge(study, load_records(out), None)[0].verdict == "no score"
+    v = judge(study, load_records(out), None)[0]
+    assert v.verdict == "no score" and v.than == "b2" and v.statuses == {"a": {"completed": 1}, "b2": {"stalled": 1}}
 
 
 def test_best_of_picks_by_validation_not_test(tmp_path):

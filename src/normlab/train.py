@@ -138,13 +138,23 @@ def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_
         return full.code_legs()
     if cont.checkpoint is not None:  # the folder's own, not loaded: its legs read here (mmap: no tensors)
         try:  # (this runs as the run ends, after any failure: it must not raise a second one)
-            ours = load_checkpoint(cont.checkpoint, mmap=True).get("normlab")
+            state = load_checkpoint(cont.checkpoint, mmap=True)
         except (CheckpointError, OSError):  # unreadable: its earlier legs stay unknown
-            ours = None
-        legs = ours.get("code_legs") if isinstance(ours, dict) else None
-        return code_legs(legs if isinstance(legs, list) else None, code, cont.step)
+            state = {}
+        return code_legs(_legs_in(state), code, cont.step)
     state = start_state or {}  # resume=: the legs that trained its weights; finetune= starts afresh
-    return code_legs((state.get("normlab") or {}).get("code_legs"), code, int(state.get("global_step") or 0))
+    return code_legs(_legs_in(state), code, int(state.get("global_step") or 0))
+
+
+def _legs_in(checkpoint: dict) -> list | None:
+    """The code legs a checkpoint names, if they are the callback's (a list of {from_step, commit,
+    dirty} of plain values); None (unknown) for anything else, which results.json could not hold."""
+    ours = checkpoint.get("normlab")
+    legs = ours.get("code_legs") if isinstance(ours, dict) else None
+    plain = (str, int, bool, type(None))
+    ok = isinstance(legs, list) and all(isinstance(leg, dict) and all(isinstance(v, plain) for v in leg.values())
+                                        for leg in legs)
+    return legs if ok else None
 
 
 def run(cfg: Any) -> dict[str, Any]:

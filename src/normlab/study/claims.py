@@ -86,8 +86,9 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
         v = (-failed, float(np.mean(values)) * (-1 if lower_is_better(by) else 1))
         if best_value is None or v > best_value:
             best, best_value = arm, v
-    if best is None:
-        return group["arms"][0], f"{side}: no candidate scored"
+    if best is None:  # the first candidate that ran: its stalled or diverged runs are shown
+        ran = next((arm for arm in group["arms"] if by_arm.get(arm)), group["arms"][0])
+        return ran, f"{side}: no candidate scored"
     return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by}, fewest seeds that failed to train first)"
 
 
