@@ -147,7 +147,7 @@ def test_sinkhorns_hand_written_backward_is_autograds_through_the_iterations(spr
     torch.testing.assert_close(grad, grad_ref, atol=1e-12, rtol=0)
     torch.autograd.gradcheck(lambda x: sinkhorn(x, 5), (logits[:, :, :1, :2].detach().requires_grad_(),))
     with pytest.raises(ValueError, match="iters=0; must be at least 1"):
-        sinkhorn(logits, 0)  # no normalisation: the backward's max-as-a-constant would make its gradient wrong
+        sinkhorn(logits, 0)  # no normalisation: the backward's constant max would be wrong
 
 
 def test_sinkhorn_gives_doubly_stochastic_matrices_per_token():

@@ -196,9 +196,9 @@ class HyperConnection(_Connection):
 class _Sinkhorn(torch.autograd.Function):
     """Sinkhorn-Knopp with a hand-written backward: the same gradient as autograd through the
     iterations (tests/test_hyper.py). Autograd keeps every normalisation's input and divisor, 40
-    (n, n, B, T) tensors and 40 smaller ones per block; this keeps only the logits, runs the forward in place, and
-    in the backward recomputes the iterates (the paper's kernels recompute theirs in the
-    backward too: Xie et al. 2025, §4.3.2 "Recomputing") and applies the one rule a
+    (n, n, B, T) tensors and 40 smaller ones per block; this keeps only the logits, runs the
+    forward in place, and in the backward recomputes the iterates (the paper's kernels recompute
+    theirs in the backward too: Xie et al. 2025, §4.3.2 "Recomputing") and applies the one rule a
     normalisation y = x / Σ_a x has: dx = (g − Σ_a g·y) / Σ_a x. Its backward holds the 40
     iterates of one block at a time, while it runs. What it saves in a training step, with the
     layout and the mixing: benchmarks/README.md, "Hyper-connections"."""
@@ -238,7 +238,7 @@ def _sinkhorn_iterates(logits: torch.Tensor, iters: int, keep: bool = False):
 def sinkhorn(logits: torch.Tensor, iters: int = SINKHORN_ITERS) -> torch.Tensor:
     """Sinkhorn-Knopp on exp(logits) over the first two dims (rows, columns): a doubly-stochastic
     matrix (columns sum to 1 up to rounding after the last step, rows to within its error)."""
-    if iters < 1:  # no normalisation: exp(logits − max), whose max the hand-written backward takes as a constant
+    if iters < 1:  # no normalisation: exp(logits − max), whose max the backward takes as a constant
         raise ValueError(f"sinkhorn: iters={iters}; must be at least 1")
     return _Sinkhorn.apply(logits, iters)
 

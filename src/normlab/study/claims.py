@@ -92,12 +92,6 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
     return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by}, fewest seeds that failed to train first)"
 
 
-def _side_records(study: Study, side: str, by_arm: dict[str, list[Record]]) -> list[Record]:
-    """The records of a claim's side: its arm's, or every candidate's of a best_of group."""
-    arms = study.best_of[side]["arms"] if side in study.best_of else [side]
-    return [r for arm in arms for r in by_arm.get(arm, [])]
-
-
 def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None) -> list[Verdict]:
     return [judge_one(study, c, by_arm, refs) for c in study.claims]
 
@@ -130,7 +124,7 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
                 note="; ".join(n for n in (note_a, note_b) if n))
     seeds = sorted(set(A) & set(B))
     if not seeds:
-        ran = [_side_records(study, side, by_arm) for side in (claim.better, claim.than)]
+        ran = [by_arm.get(a), by_arm.get(b)]  # (a best_of side that never scored: pick's first that ran)
         if all(ran) and not all(any(r.status in SCORED for r in recs) for recs in ran):
             v.verdict = "no score"  # both ran, one never trained to the end: "not run" would hide that
         return v
