@@ -1,8 +1,8 @@
 """The last two normalisations in fp16 and bf16 (issue 20; tests/test_qk_norm_precision.py has the
 others): mHC's dynamic RMS over the flattened streams (Xie et al. 2025, model.residual=mhc with
 residual_mixing=dynamic) and FixNorm's ℓ2 normalisations (Nguyen & Salazar 2019, norm.fixnorm). Each
-computes in fp32 and rounds once to its input's dtype (norms.widened): in fp32 bit for bit the formula
-it had, in fp16 / bf16 within eps/2 of that fp32 value, where in fp16 a square past 65504 (|x| ≥ 256)
+computes in fp32 and rounds once to its input's dtype (norms.widened): in fp32 the formula it had (to
+fp32 rounding where the op order changed since, bit for bit where it did not), in fp16 / bf16 within eps/2 of that fp32 value, where in fp16 a square past 65504 (|x| ≥ 256)
 overflowed and F.normalize's ε = 1e-12 is 0 (a zero row gave 0/0)."""
 import copy
 
@@ -56,10 +56,15 @@ def sinkhorn_before(logits, iters=20):
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e3])
-def test_mhc_dynamic_weights_in_fp32_are_the_formula_bit_for_bit(scale):
+def test_mhc_dynamic_weights_in_fp32_are_the_formula(scale):
+    # Since 977edb3 the weights are computed tokens-last with another summation order than the code
+    # before: equal to the bit under ATen's default kernels, within 1 ulp at 1 under AVX2 (issue 34;
+    # the entries are <= 2, a Sinkhorn matrix's sum to 1). 8 ulps at 1 is far below a wrong formula.
     c, h = mhc(), fixed(scale, 3, 2, 5, 8)
+    eps = torch.finfo(torch.float32).eps
     for out, want in zip(c.weights(h), mhc_weights_before(c, h)):
-        assert out.dtype == torch.float32 and torch.equal(out, want)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, want, rtol=8 * eps, atol=8 * eps)
 
 
 @pytest.mark.parametrize("dtype", LOW)

@@ -229,3 +229,18 @@ def test_no_worse_is_one_sided_non_inferiority(low, high, verdict):
     assert verdict_of(Interval((low + high) / 2, low, high, "t", 2), c, lower_better=False) == verdict
     # for a loss (lower is better) the same interval of B's side: mirrored
     assert verdict_of(Interval(-(low + high) / 2, -high, -low, "t", 2), c, lower_better=True) == verdict
+
+
+def test_the_cost_names_the_cpus_and_kernel_paths(tmp_path):
+    # issue 34: fp32 rounds by kernel path; a record before results.json named its CPU says so
+    from normlab.study.readme import cost
+
+    out = tmp_path / "out"
+    epyc = {"model": "AMD EPYC", "isa": "avx2", "capability": "AVX2", "mkl": "2024.2, auto", "onednn": "3.12.0, auto"}
+    record(out, "a", 1, cpu=epyc)
+    record(out, "a", 2, cpu=epyc)
+    record(out, "b", 1, cpu={**epyc, "capability": "DEFAULT", "mkl": "2024.2, MKL_CBWR=COMPATIBLE"})
+    record(out, "b", 2)
+    assert cost(load_records(out))["cpus"] == (
+        "AMD EPYC, AVX2 kernels (2 runs); AMD EPYC, DEFAULT kernels (MKL_CBWR=COMPATIBLE) (1 run); "
+        "not recorded (1 run, trained before results.json named its CPU)")

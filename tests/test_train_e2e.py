@@ -1,6 +1,7 @@
 """A tiny end-to-end run: train a few steps, checkpoint, reload without Hydra, score again."""
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,10 +35,16 @@ def test_results_json(finished_run):
     from normlab.study.readme import machine_share
 
     # what trained it, in the words the studies' cost reads back: the share of the machine it used
-    m = re.fullmatch(r"cpu: (\S+), (\d+) cores, (\d+) (thread|threads)", saved["device"])
+    m = re.fullmatch(r"cpu: (\S+), (.+), (\S+) kernels(?: \([^)]*\))?, (\d+) cores, (\d+) (thread|threads)",
+                     saved["device"])  # (...): MKL / oneDNN overrides set in the environment (hardware.py)
     assert m, saved["device"]
     n, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))  # the cores it may use
-    assert (m[1], int(m[2]), int(m[3]), m[4]) == (platform.machine(), cores, n, "thread" if n == 1 else "threads")
+    model = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)[1].strip()
+    capability = torch.backends.cpu.get_cpu_capability()  # the kernels ran: the rounding it has
+    assert (m[1], m[2], m[3], int(m[4]), int(m[5]), m[6]) \
+        == (platform.machine(), model, capability, cores, n, "thread" if n == 1 else "threads")
+    assert saved["cpu"]["model"] == model and saved["cpu"]["capability"] == capability
+    assert saved["cpu"]["mkl"].startswith(torch.__config__.show().split("Library Version ")[1][:6])
     assert machine_share(saved) == min(1.0, n / cores)
     assert saved["params"] == results["params"] > 0
     # which code trained it: this checkout's commit, whether src/ or conf/ differ from it, torch

@@ -28,6 +28,7 @@ from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
+from normlab.hardware import cpu_info, cpu_text
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
@@ -117,11 +118,12 @@ def _cores() -> int:
 
 
 def device_text(trainer) -> str:
-    """What trained the run, for results.json and the studies' cost lines: e.g. "cpu: x86_64, 2
-    cores, 2 threads" or "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
+    """What trained the run, for results.json and the studies' cost lines: e.g. "cpu: x86_64, AMD
+    EPYC, AVX2 kernels, 2 cores, 2 threads" (the kernel path decides the rounding: hardware.py) or
+    "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
     dev = trainer.strategy.root_device
     what = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-            else f"{platform.machine()}, {_cores()} cores, {torch.get_num_threads()} thread"
+            else f"{platform.machine()}, {cpu_text()}, {_cores()} cores, {torch.get_num_threads()} thread"
                  + ("s" if torch.get_num_threads() != 1 else ""))
     return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
 
@@ -270,6 +272,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         # params again: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
         # first layer loses its input norm: schemes/recent.py)
         results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
+                       cpu=cpu_info(),  # the host's CPU and kernel path (hardware.py), on a GPU run too
                        code=code,  # this leg's; code_legs: every leg's commit, from which step
                        code_legs=_code_legs(code, full, cont, start_state if spec.resume else None),
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from normlab.hardware import cpu_text
 from normlab.study.claims import Verdict, statuses
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
@@ -75,8 +76,23 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     devices = sorted({re.sub(r"\b1 threads$", "1 thread", str(r.results.get("device") or "device not recorded"))
                       for r in recs})
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
-            "devices": devices, "code": _code(recs),
+            "devices": devices, "code": _code(recs), "cpus": _cpus(recs),
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
+
+
+def _cpus(recs: list[Record]) -> str:
+    """The CPUs and kernel paths that trained the runs (results.json `cpu`: hardware.py), for the
+    Cost section: "AMD EPYC, AVX2 kernels (3 runs); not recorded (8 runs, trained before 2026-11-27)"."""
+    counts: dict[str, int] = {}
+    for r in recs:
+        cpu = r.results.get("cpu")
+        key = cpu_text(cpu) if isinstance(cpu, dict) else ""
+        counts[key] = counts.get(key, 0) + 1
+    runs = lambda n: f"{n} run{'s' if n != 1 else ''}"  # noqa: E731
+    parts = [f"{k} ({runs(n)})" for k, n in sorted(counts.items()) if k]
+    if counts.get(""):
+        parts.append(f"not recorded ({runs(counts[''])}, trained before results.json named its CPU)")
+    return "; ".join(parts)
 
 
 def _code(recs: list[Record]) -> str:
@@ -161,6 +177,8 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
               *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
                  f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
+              *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
+                 f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better
