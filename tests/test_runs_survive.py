@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from normlab.callbacks.full_checkpoint import full_checkpoints
+from normlab.checkpoint import load_checkpoint
+from normlab.hardware import cpu_seconds
 from normlab.train import run
 
 from conftest import ROOT, compose_cfg, tiny_overrides
@@ -120,10 +122,17 @@ def test_kill_9_then_rerun_continues_exactly(reference, small_corpus, capsys):
     if len(saved) > 1:  # break the newest: the rerun must fall back to the one before it
         data = saved[0][1].read_bytes()
         saved[0][1].write_bytes(data[: len(data) // 3])
+    # the CPU seconds of the killed leg, as the checkpoint the rerun continues from holds them
+    start = saved[1][1] if len(saved) > 1 else saved[0][1] if saved else None
+    cpu_before = load_checkpoint(start)["normlab"]["cpu_s"] if start else 0.0
+    cpu0 = cpu_seconds()
     results = run(compose_cfg(args))  # the same command again
+    this_leg = cpu_seconds() - cpu0
     assert results["status"] == "completed"
     assert_same_run(ref, run_dir, f"killed at step {step}, checkpoints {[s for s, _ in saved]}")
     assert results["wall_s"] > 0 and results["train_tokens_per_s"] > 0
+    # issue 36: a continued run's CPU time is both legs' (the rerun's own is at most this process's)
+    assert (start is None or cpu_before > 0) and cpu_before < results["cpu_s"] <= cpu_before + this_leg + 0.1
     # rerunning a finished run does not train it again
     capsys.readouterr()
     again = run(compose_cfg(args))
@@ -322,3 +331,34 @@ def test_a_crashed_run_is_failed_in_wandb_as_in_results(small_corpus, tmp_path, 
     assert summary["status"] == results["status"] == "failed"
     assert summary["error"] == results["error"] == "RuntimeError: boom at step 3"
     assert exits == [1]  # W&B's own run state: failed, not finished
+
+
+def test_rungs_of_a_screen_pause_and_continue_exactly(reference, small_corpus, tmp_path, capsys):
+    """Successive halving's rungs (issue 36): stop_at_step pauses at a validation step with a full
+    checkpoint (status stopped, not scored), the same command with the same step trains nothing, a later
+    step continues, and the run trained rung by rung ends bitwise the uninterrupted one. The folder is
+    the uninterrupted run's: stop_at_step is not part of the identity."""
+    root, ref = reference
+    args = overrides(small_corpus, tmp_path / "run", root / "cache")
+    first = run(compose_cfg(args + ["callbacks.preemption.stop_at_step=8"]))
+    assert (first["status"], first["stopped_by"], first["steps"]) == ("stopped", "stop_at_step", 8)
+    assert "valid_loss" not in first and "stopped by callbacks.preemption.stop_at_step=8 at step 8" in capsys.readouterr().out
+    assert [s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")][0] == 8
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r.get("valid/loss")]
+    assert [r["step"] for r in rows] == ["7"]  # the rung's validation, what the screen ranks by
+    again = run(compose_cfg(args + ["callbacks.preemption.stop_at_step=8"]))  # the same rung: nothing to train
+    assert (again["status"], again["steps"]) == ("stopped", 8)
+    assert run(compose_cfg(args + ["callbacks.preemption.stop_at_step=16"]))["steps"] == 16
+    results = run(compose_cfg(args))
+    assert results["status"] == "completed" and results["identity_hash"] == first["identity_hash"]
+    assert_same_run(ref, tmp_path / "run", "paused at 8 and 16")
+    assert run(compose_cfg(args + ["callbacks.preemption.stop_at_step=24"]))["status"] == "completed"  # at the end: done
+
+
+def test_a_bad_stop_at_step_is_one_line(small_corpus, tmp_path):
+    from normlab.config import ConfigError
+
+    for i, bad in enumerate(("0", "-3", "true", "'8'")):
+        with pytest.raises(ConfigError, match=r"callbacks\.preemption\.stop_at_step=.* must be a positive number"):
+            run(compose_cfg(tiny_overrides(small_corpus, tmp_path / str(i), tmp_path / "cache")
+                            + [f"callbacks.preemption.stop_at_step={bad}"]))

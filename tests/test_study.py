@@ -118,7 +118,8 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
                      f"stale copy\n{END}\n\nend\n")
     (tmp_path / "s1").mkdir()
     cost = {"runs": 3, "machine_hours": 1.25, "steps": [500, 2000], "seeds": [1, 2], "shared": 1,
-            "shared_with": ["s0"], "planned": 4, "hours_by_run": {"h1": 0.75, "h2": 0.5}}
+            "shared_with": ["s0"], "planned": 4, "hours_by_run": {"h1": 0.75, "h2": 0.5},
+            "cpu_hours": 2.5, "cpu_by_run": {"h1": 1.5, "h2": 1.0}}
     (tmp_path / "s1" / "claims.json").write_text(json.dumps({"study": "s1", "budget": "full", "cost": cost, "claims": [
         {"claim": "X beats Y", "source": "P", "paper": "+1", "verdict": "held", "better": "x", "than": "y",
          "metric": "test_bleu", "difference": {"mean": 1.5, "low": 0.5, "high": 2.5, "method": "t over 3 paired seeds",
@@ -131,8 +132,8 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     text = index.read_text()
     assert "intro" in text and "after" in text and "end" in text and "old" not in text and "stale copy" not in text
     assert text.count(BEGIN) == 1 and text.count("## Every claim, judged") == 0  # the heading was the stale copy's
-    assert "| [s1](s1/) | 2 (+1 shared with s0) of 4 runs | 500, 2000 | 1.25 |" in text
-    assert "| **training studies, total** (a run several studies recorded counts once) | 2 runs | | **1.25** |" in text
+    assert "| [s1](s1/) | 2 (+1 shared with s0) of 4 runs | 500, 2000 | 2.50 |" in text  # CPU-hours
+    assert "| **training studies, total** (a run several studies recorded counts once) | 2 runs | | **2.50** |" in text
     assert "| [s1](s1/) | X beats Y (x vs y, test_bleu) | P | +1 | +1.50 [0.50, 2.50] (t, 3 seeds) | **held** |" in text
     assert "| [s1](s1/) | Y fails (y, test_bleu) | P | failed | y: not run | **not run** |" in text
 

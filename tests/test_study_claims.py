@@ -244,3 +244,20 @@ def test_the_cost_names_the_cpus_and_kernel_paths(tmp_path):
     assert cost(load_records(out))["cpus"] == (
         "AMD EPYC, AVX2 kernels (2 runs); AMD EPYC, DEFAULT kernels (MKL_CBWR=COMPATIBLE) (1 run); "
         "not recorded (1 run, trained before results.json named its CPU)")
+
+
+def test_the_cost_charges_the_cpu_time_each_run_used(tmp_path):
+    # issue 36: CPU seconds as recorded; a record from before they were: wall x share x cores
+    from normlab.study.readme import cost, run_cpu_hours
+
+    dev = "cpu: x86_64, AMD EPYC, AVX2 kernels, 2 cores, 1 thread"
+    assert run_cpu_hours({"cpu_s": 5400.0, "wall_s": 99999.0, "device": dev}) == (1.5, True)
+    assert run_cpu_hours({"wall_s": 3600.0, "device": dev, "study": {"jobs": 2}}) == (0.5 * 2, False)
+    assert run_cpu_hours({"wall_s": 3600.0, "device": "cuda: NVIDIA A100"}) == (1.0, False)
+    out = tmp_path / "out"
+    record(out, "a", 1, wall_s=7200.0, cpu_s=3600.0, device=dev, identity_hash="h1")  # beside another job
+    record(out, "a", 2, wall_s=3600.0, cpu_s=7200.0, device=dev.replace("1 thread", "2 threads"), identity_hash="h2")
+    record(out, "b", 1, wall_s=3600.0, device=dev, study={"jobs": 2}, identity_hash="h3")  # 3600 x 1/2 x 2 cores
+    c = cost(load_records(out))
+    assert c["cpu_hours"] == pytest.approx(1 + 2 + 1) and c["cpu_estimated"] == 1
+    assert sorted(c["cpu_by_run"].values()) == pytest.approx([1.0, 1.0, 2.0])

@@ -86,8 +86,9 @@ def test_the_cost_line_says_which_runs_were_shared(tmp_path):
     adopt_shared(plan(study, tmp_path / "runs", out), root)
     by_arm = load_records(out)
     text = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study layerdrop_prune").read_text()
-    assert ("2 runs of 4000 steps, 0.00 machine-hours (device not recorded: the runs' wall times" in text
-            and "; 2 of the runs shared with drophead (the same runs, trained once; their machine-hours are "
+    assert ("2 runs of 4000 steps, 0.00 CPU-hours (the CPU time each run used, over all its legs; device not "
+            "recorded; seeds" in text
+            and "; 2 of the runs shared with drophead (the same runs, trained once; their CPU-hours are "
                 f"counted there); 2 of {study.planned} planned runs recorded" in text)
 
 
@@ -99,12 +100,18 @@ def test_the_total_counts_a_run_several_studies_recorded_once(tmp_path):
     for name, hashes in (("a", {"h1": 1.0, "h2": 0.5}), ("b", {"h1": 1.0, "h3": 0.25})):
         (tmp_path / name).mkdir()
         c = {"runs": len(hashes), "machine_hours": sum(hashes.values()), "steps": [2000], "seeds": [1],
-             "shared": 0, "shared_with": [], "planned": 2, "hours_by_run": hashes}
+             "shared": 0, "shared_with": [], "planned": 2, "hours_by_run": hashes,
+             "cpu_hours": sum(hashes.values()), "cpu_by_run": hashes}
         (tmp_path / name / "claims.json").write_text(json.dumps({"study": name, "budget": "full", "cost": c,
                                                                  "claims": []}))
     table = "\n".join(cost_table(tmp_path))
     assert "| [a](a/) | 2 of 2 runs | 2000 | 1.50 |" in table and "| [b](b/) | 2 of 2 runs | 2000 | 1.25 |" in table
     assert "| 3 runs | | **1.75** |" in table  # h1 once
+    # a claims.json from before CPU-hours: its machine-hours on a 2-core machine, marked an estimate
+    c.pop("cpu_hours"), c.pop("cpu_by_run")
+    (tmp_path / "b" / "claims.json").write_text(json.dumps({"study": "b", "budget": "full", "cost": c, "claims": []}))
+    table = "\n".join(cost_table(tmp_path))
+    assert "| [b](b/) | 2 of 2 runs | 2000 | 2.50 (est.) |" in table and "| 3 runs | | **2.00** |" in table
 
 
 def test_a_record_being_written_and_a_prune_that_does_not_cover_the_arm_are_not_adopted(tmp_path):

@@ -27,7 +27,7 @@ def test_results_json(finished_run):
     saved = json.loads((run_dir / "results.json").read_text())
     assert saved["status"] == "completed"
     assert saved["steps"] == 8
-    for key in ("test_bleu", "valid_bleu", "valid_loss", "params", "train_tokens_per_s", "wall_s"):
+    for key in ("test_bleu", "valid_bleu", "valid_loss", "params", "train_tokens_per_s", "wall_s", "cpu_s"):
         assert isinstance(saved[key], (int, float)), key
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     import os, platform, re

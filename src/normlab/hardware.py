@@ -69,3 +69,17 @@ def cpu_text(info: dict | None = None) -> str:
     overrides = [o for lib in ("mkl", "onednn") for o in [(info.get(lib) or "").partition(", ")[2]] if o and o != "auto"]
     return (f"{info.get('model') or 'unknown CPU'}, {info.get('capability') or '?'} kernels"
             + (f" ({'; '.join(overrides)})" if overrides else ""))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have ended (data-loader
+    workers): what a run used of the machine, whatever else shared it (issue 36). Windows has no
+    `resource`: the process's own time only."""
+    try:
+        import resource
+    except ImportError:
+        import time
+
+        return time.process_time()
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

@@ -28,7 +28,7 @@ from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
 from normlab.callbacks import instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
-from normlab.hardware import cpu_info, cpu_text
+from normlab.hardware import cpu_info, cpu_seconds, cpu_text
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
@@ -128,6 +128,10 @@ def device_text(trainer) -> str:
     return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
 
 
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
 def _code_legs(code: dict | None, full: FullStateCheckpoint | None, cont, start_state: dict | None) -> list | None:
     """results.json `code_legs` (provenance.code_legs): the full checkpoints carry them; without that
     callback, or before it loaded one, from the checkpoint the run continues from (its folder's, or
@@ -168,7 +172,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
 
 def _run(spec: RunSpec) -> dict[str, Any]:
-    t0 = time.time()
+    t0, cpu0 = time.time(), cpu_seconds()
     code = code_version() if _rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
@@ -252,8 +256,10 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         elif outcome.running:  # no callback ended it: trained every planned step
             outcome.end(Status.COMPLETED)
         if outcome.status is Status.STOPPED:
-            print(f"stopped by trainer.max_time={spec.max_time} at step {trainer.global_step} of "
-                  f"{trainer.max_steps}; rerun the same command to continue")
+            by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
+                  else f"callbacks.preemption.stop_at_step={trainer.global_step}")
+            print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
+                  "to continue")
         results.update(outcome.reasons)
         results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
         # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
@@ -276,7 +282,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
                        code=code,  # this leg's; code_legs: every leg's commit, from which step
                        code_legs=_code_legs(code, full, cont, start_state if spec.resume else None),
                        train_tokens_per_s=round(module.train_tokens_per_s, 1),
-                       wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1))
+                       wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1),
+                       # rank 0's process, over all legs (null: a leg from before it was counted)
+                       cpu_s=_rounded(full.cpu_s() if full is not None else cpu_seconds() - cpu0))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
             results["compile_s"] = round(module.compile_seconds, 1)
         if trainer.is_global_zero:

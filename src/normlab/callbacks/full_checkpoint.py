@@ -34,6 +34,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 
 from normlab.config import ConfigError
+from normlab.hardware import cpu_seconds
 from normlab.private_api import should_accumulate, validation_due
 from normlab.provenance import code_legs
 
@@ -99,6 +100,8 @@ class FullStateCheckpoint(Checkpoint):
         self.dirpath: Path | None = None  # <run dir>/checkpoints (the Trainer's default_root_dir), at setup
         self.started = time.time()  # train.run sets its own start, so wall time includes data loading
         self.wall_before = 0.0  # wall seconds of the earlier legs of this run (from the checkpoint)
+        self.cpu_started = cpu_seconds()  # this process's CPU time so far (another run's, in a test)
+        self.cpu_before: float | None = 0.0  # CPU seconds of the earlier legs (None: a leg did not count them)
         self.stop_after_save = False  # set by the preemption callback: save at the next safe point, stop
         self._pending = False  # a save deferred to the end of this step's validation
         self._stop = False  # saved for a stop: end at the next batch
@@ -115,6 +118,11 @@ class FullStateCheckpoint(Checkpoint):
 
     def wall_s(self) -> float:
         return self.wall_before + time.time() - self.started
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds the run used over all its legs (issue 36: a study charges what a run used, not
+        wall time x 1/jobs); None when a leg's checkpoint predates the count."""
+        return None if self.cpu_before is None else self.cpu_before + cpu_seconds() - self.cpu_started
 
     def code_legs(self) -> list[dict]:
         """[{"from_step", "commit", "dirty"}] for every leg of the run up to now (provenance.code_legs)."""
@@ -163,6 +171,7 @@ class FullStateCheckpoint(Checkpoint):
             "rng": _gather(rng_state(), trainer.world_size),  # one entry per rank
             **pl_module.throughput_counters(),  # train_tokens, train_seconds
             "wall_s": self.wall_s(),
+            "cpu_s": self.cpu_s(),
             "code_legs": self.code_legs(),
         }
 
@@ -182,6 +191,7 @@ class FullStateCheckpoint(Checkpoint):
             return
         pl_module.restore_throughput_counters(state["train_tokens"], state["train_seconds"])
         self.wall_before = state["wall_s"]
+        self.cpu_before = state.get("cpu_s")  # absent: written before CPU time was counted
         self.legs_before = state.get("code_legs") or []  # none: provenance.code_legs names them unknown
         self.restored = True  # only now: a load that fails before this leaves train.py the legs it knows
         ranks = state["rng"]

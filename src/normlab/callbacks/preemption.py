@@ -20,6 +20,12 @@ here: at the first step boundary past it, a full checkpoint, then the run ends w
 "stopped" (stopped_by: max_time) and exit 0, and rerunning the same command continues exactly.
 (Lightning's Timer stopped through `should_stop`: between micro-batches of an update, and with a
 validation off the schedule, so the continuation differed from an uninterrupted run.)
+
+`stop_at_step: N` (a rung of a study's screen, issue 36: successive halving) is a pause of the same
+kind at a given step: the validation due at step N runs, a full checkpoint is written, the run ends
+"stopped" (stopped_by: stop_at_step) and the same command without it, or with a later step, continues
+exactly as if it had never stopped. It is not part of the run's identity (callbacks.preemption is
+not), so a screened setting continued to the full budget is the run trained straight through.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ import torch
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
 from normlab.outcome import RunOutcome, Status
-from normlab.private_api import original_signal_handlers
+from normlab.private_api import original_signal_handlers, should_accumulate
 from normlab.signals import SIGNALS, hand_over
 
 log = logging.getLogger("normlab")
@@ -56,10 +62,15 @@ def max_time_seconds(value: Any) -> float:
 
 class Preemption(L.Callback):
     def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGUSR1"), requeue: bool = True,
-                 sync_every_n_steps: int = 10, outcome: RunOutcome | None = None):
+                 sync_every_n_steps: int = 10, stop_at_step: int | None = None, outcome: RunOutcome | None = None):
         unknown = [s for s in signals if s not in SIGNALS]
         if unknown:
             raise ConfigError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
+        if stop_at_step is not None and (isinstance(stop_at_step, bool) or not isinstance(stop_at_step, int)
+                                         or stop_at_step < 1):
+            raise ConfigError(f"callbacks.preemption.stop_at_step={stop_at_step!r} must be a positive number of "
+                              "optimizer steps (or null: train to trainer.max_steps)")
+        self.stop_at_step = stop_at_step
         self.signals = [SIGNALS[s] for s in signals]
         self.requeue, self.sync_every = requeue, max(int(sync_every_n_steps), 1)
         self.received: int | None = None
@@ -76,6 +87,9 @@ class Preemption(L.Callback):
         self.received = signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        if self.stop_at_step is not None and self.stop_at_step <= trainer.global_step < trainer.max_steps:
+            # continued from a checkpoint at or past the step: nothing to train in this invocation
+            self._pause(trainer, "stop_at_step", save=False)
         if self.max_time is not None:
             self._deadline = clock() + self.max_time
         # after Lightning's own handlers (registered just before), which ours replace during training
@@ -101,6 +115,10 @@ class Preemption(L.Callback):
 
     # ---- the decision, at a step boundary (before FullStateCheckpoint looks at it) -------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if (self.stop_at_step is not None and self.stop_at_step <= trainer.global_step < trainer.max_steps
+                and self.outcome.running and not should_accumulate(trainer)):  # (at max_steps: completed)
+            self._pause(trainer, "stop_at_step")  # the step count is the same on every rank: no sync
+            return
         late = self._deadline is not None and clock() >= self._deadline
         if trainer.world_size > 1:
             if trainer.global_step % self.sync_every != 0:
@@ -112,9 +130,23 @@ class Preemption(L.Callback):
             return
         if self.received is None:  # max_time: a pause, not a preemption (no requeue, exit 0)
             self._deadline = None
-            self.outcome.end(Status.STOPPED, stopped_by="max_time")
+            self._pause(trainer, "max_time")
         else:
             self.outcome.end(Status.PREEMPTED, stopped_by=signal.Signals(self.received).name)
+            self._save_and_stop(trainer)
+
+    def _pause(self, trainer: L.Trainer, by: str, save: bool = True) -> None:
+        """End the run `stopped` (a pause: the same command continues it), after a full checkpoint
+        unless the run is already at its checkpoint's step."""
+        self.outcome.end(Status.STOPPED, stopped_by=by)
+        if save:
+            self._save_and_stop(trainer)
+        else:
+            trainer.should_stop = True
+            trainer.limit_val_batches = 0
+
+    @staticmethod
+    def _save_and_stop(trainer: L.Trainer) -> None:
         full = next((c for c in trainer.callbacks if isinstance(c, FullStateCheckpoint)), None)
         if full is None:  # nothing to save with: stop at once
             trainer.should_stop = True

@@ -63,8 +63,20 @@ def machine_share(res: dict) -> float:
     return min(share, int(m.group(2)) / int(m.group(1))) if m and int(m.group(1)) > 0 else share
 
 
+def run_cpu_hours(res: dict) -> tuple[float, bool]:
+    """(CPU-hours a run used, measured?): its results.json `cpu_s` over all its legs (hardware.py);
+    a record from before CPU time was counted: its wall time x its share of the machine x the cores
+    (machine_share: all of its share used, an upper bound; 1 core where the device names none)."""
+    if isinstance(res.get("cpu_s"), (int, float)) and not isinstance(res.get("cpu_s"), bool):
+        return float(res["cpu_s"]) / 3600, True
+    m = re.match(r"cpu: .*?, (\d+) cores, ", str(res.get("device") or ""))
+    cores = int(m.group(1)) if m else 1
+    return float(res.get("wall_s") or 0) * machine_share(res) * cores / 3600, False
+
+
 def cost(by_arm: dict[str, list[Record]]) -> dict:
-    """Machine-hours: each run's wall time times its share of the machine (machine_share)."""
+    """CPU-hours (issue 36: what each run used, not wall time x 1/jobs, which charged identical runs
+    up to 3x apart under load it did not record) and the older machine-hours (wall time x share)."""
     recs = [r for rs in by_arm.values() for r in rs]
     own = [r for r in recs if not r.results.get("shared_from")]  # a shared run's cost is its study's
     wall = sum(float(r.results.get("wall_s") or 0) * machine_share(r.results) for r in own)
@@ -72,12 +84,27 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
     shared = sorted({r.results["shared_from"].get("study", "?") for r in recs if r.results.get("shared_from")})
     hours = {str(r.results.get("identity_hash")): float(r.results.get("wall_s") or 0) / 3600 * machine_share(r.results)
              for r in own}
+    cpu = {str(r.results.get("identity_hash")): run_cpu_hours(r.results) for r in own}
     # shared ones too; records from before d292872 say "1 threads": one device, spelled as today
     devices = sorted({re.sub(r"\b1 threads$", "1 thread", str(r.results.get("device") or "device not recorded"))
                       for r in recs})
     return {"runs": len(recs), "machine_hours": wall / 3600, "steps": steps, "seeds": sorted({r.seed for r in recs}),
+            "cpu_hours": sum(h for h, _ in cpu.values()), "cpu_estimated": sum(not m for _, m in cpu.values()),
+            "cpu_by_run": {k: h for k, (h, _) in cpu.items()},
             "devices": devices, "code": _code(recs), "cpus": _cpus(recs),
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours}
+
+
+def _cpu_basis(c: dict) -> str:
+    """How the Cost line's CPU-hours were counted: measured, or estimated for older records."""
+    own = c["runs"] - c.get("shared", 0)
+    if not c.get("cpu_estimated"):
+        return "the CPU time each run used, over all its legs"
+    if c["cpu_estimated"] >= own:
+        return ("estimated: each run's wall time x its share of the machine x its cores, an upper bound "
+                "(recorded before runs counted their CPU time)")
+    return (f"the CPU time each run used; for {c['cpu_estimated']} of {own} runs, recorded before runs counted "
+            "it, their wall time x share of the machine x cores, an upper bound")
 
 
 def _cpus(recs: list[Record]) -> str:
@@ -169,9 +196,8 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
                else f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps")
     lines += ["## Cost", "",
               f"{runs_of}, "
-              f"{c['machine_hours']:.2f} machine-hours ({'; '.join(c.get('devices') or ['device not recorded'])}: "
-              "the runs' wall times, each times the share of the machine it used: 1 / the runs beside it, "
-              f"at most its threads of the cores; seeds {', '.join(map(str, c['seeds'])) or '—'}"
+              f"{c['cpu_hours']:.2f} CPU-hours ({_cpu_basis(c)}; {'; '.join(c.get('devices') or ['device not recorded'])}; "
+              f"seeds {', '.join(map(str, c['seeds'])) or '—'}"
               + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
               + _extra_seeds(study)
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
@@ -271,7 +297,7 @@ def _shared(cost: dict) -> str:
     if not cost.get("shared"):
         return ""
     return (f"; {cost['shared']} of the runs shared with {', '.join(cost['shared_with'])} (the same runs, trained "
-            "once; their machine-hours are counted there)")
+            "once; their CPU-hours are counted there)")
 
 
 def _extra_seeds(study: Study) -> str:
@@ -318,19 +344,23 @@ def cost_table(folder: Path) -> list[str]:
         shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
         unit = "probes" if data.get("kind") == "probe" else "runs"
         steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
+        cpu = c.get("cpu_hours")  # a claims.json written before CPU-hours: its machine-hours x 2 cores
+        hours = cpu if cpu is not None else 2 * c["machine_hours"]
         rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
-                    f"{steps or '—'} | {c['machine_hours']:.2f} |")
+                    f"{steps or '—'} | {hours:.2f}{'' if cpu is not None else ' (est.)'} |")
         if data.get("kind") != "probe":
-            for run, h in (c.get("hours_by_run") or {}).items():
+            by_run = c.get("cpu_by_run") or {k: 2 * h for k, h in (c.get("hours_by_run") or {}).items()}
+            for run, h in by_run.items():
                 total.setdefault(run, h)
     if not rows:
         return []
     total_runs, total_hours = len(total), sum(total.values())
     return ["## What the studies cost", "",
-            "Machine-hours: each run's wall time times the share of the machine it used: 1 / the runs that "
-            "trained beside it, at most its threads of the cores where its record names them (each study's Cost "
-            "line names the devices its runs recorded).", "",
-            "| study | runs recorded (of planned) | steps | machine-hours |", "|---|---|---|---:|", *rows,
+            "CPU-hours: the CPU time each run used over all its legs (results.json `cpu_s`); for a run "
+            "recorded before runs counted it, its wall time x its share of the machine (1 / the runs beside "
+            "it, at most its threads of the cores) x the cores, an upper bound (each study's Cost line says "
+            "how many). A 2-core machine gives 2 CPU-hours an hour.", "",
+            "| study | runs recorded (of planned) | steps | CPU-hours |", "|---|---|---|---:|", *rows,
             f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
             f"**{total_hours:.2f}** |"]
 
