@@ -88,13 +88,14 @@ def default_jobs(accelerator: str = "cpu") -> int:
 
 def _status(study, runs: Path, out: Path, records: Path | None) -> int:
     from normlab.study.runner import plan
+    from normlab.study.screen_run import choices
     from normlab.study.status import status_lines
 
     if study.kind == "probe":
         print(f"{study.name}: a probe study (measurements at init, no runs to track): "
               f"`normlab-study {study.name}` measures it in one go")
         return 0
-    print("\n".join(status_lines(study, plan(study, runs, out), records)))
+    print("\n".join(status_lines(study, plan(study, runs, out, choices(study, out)), records)))
     return 0
 
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from normlab.study.readme import update_index, write_study
     from normlab.study.records import load_records
     from normlab.study.runner import Sweep, adopt_shared, plan
+    from normlab.study.screen_run import choices, run_screens
     from normlab.study.spec import available, load_study
 
     args = parse(argv)
@@ -129,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             run_probe(study, out)
         jobs = []
     else:
-        jobs = plan(study, runs, out)  # every arm composed and validated before anything runs
+        if study.screen is not None and not args.report_only:  # each arm's setting first (study/screen.py)
+            code = run_screens(study, runs, out, parallel=args.jobs, launch=args.launch)
+            if code:
+                return code
+        jobs = plan(study, runs, out, choices(study, out))  # every arm composed and validated before anything runs
         _keep_references(jobs, out)
         if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
             adopt_shared(jobs, out.parent)

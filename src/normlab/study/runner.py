@@ -40,6 +40,7 @@ class Job:
     identity_hash: str
     run_dir: Path
     record: Path
+    stop_at: int | None = None  # a screen's rung: train to this step and pause (study/screen_run.py)
 
     @property
     def tag(self) -> str:
@@ -71,24 +72,34 @@ def compose(overrides: list[str]):
     return cfg
 
 
-def plan(study: Study, runs: Path, out: Path) -> list[Job]:
+def plan(study: Study, runs: Path, out: Path, chosen: dict[str, list[str]] | None = None) -> list[Job]:
     """Every (arm, seed) of the study with its run folder and record, composed and checked before
-    anything runs."""
-    from normlab import identity
-    from normlab.run_folder import existing_name
-
+    anything runs. A screened arm runs at the setting its screen chose (`chosen`: arm -> overrides,
+    study/screen_run.py) and is left out until it has one."""
+    chosen = chosen or {}
     jobs = []
     for seed in study.all_seeds:  # seed-major: a partial study has whole seeds of every arm
         for arm in (a for a in study.arms.values() if seed in study.seeds_of(a)):
-            overrides = study.arm_overrides(arm, seed)
-            try:
-                cfg = compose(overrides)
-            except UserError as e:
-                raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
-            name = existing_name(runs, identity.run_name(cfg))  # a folder of an older name: continued
-            jobs.append(Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name,
-                            out / "runs" / f"{arm.name}-s{seed}"))
+            if study.screened(arm) and arm.name not in chosen:
+                continue
+            overrides = study.arm_overrides(arm, seed) + list(chosen.get(arm.name, []))
+            jobs.append(make_job(study, arm, seed, overrides, runs, out / "runs" / f"{arm.name}-s{seed}"))
     return jobs
+
+
+def make_job(study: Study, arm: Arm, seed: int, overrides: list[str], runs: Path, record: Path,
+             stop_at: int | None = None) -> Job:
+    """A run of the study: its config composed and validated (one line naming the arm if it is bad),
+    its folder named by its identity (an existing folder of an older name is continued)."""
+    from normlab import identity
+    from normlab.run_folder import existing_name
+
+    try:
+        cfg = compose(overrides)
+    except UserError as e:
+        raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
+    name = existing_name(runs, identity.run_name(cfg))
+    return Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name, record, stop_at)
 
 
 def record_done(job: Job) -> dict | None:
@@ -275,8 +286,13 @@ class Sweep:
         self.running[proc] = (job, stage, time.time())
 
     def _train_command(self, job: Job) -> list[str]:
-        return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *self.launch,
+        pause = [f"callbacks.preemption.stop_at_step={job.stop_at}"] if job.stop_at else []  # not identity
+        return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *pause, *self.launch,
                 f"hydra.run.dir={job.run_dir}", f"group=study-{self.study.name}"]
+
+    def _trained(self, job: Job, res: dict) -> bool:
+        """The job's training is over (a finished run; a screen's rung job: also a run paused there)."""
+        return res.get("status") in FINISHED
 
     def _next(self, job: Job) -> None:
         """Start the job's next stage, or write its record when it has none left."""
@@ -346,7 +362,7 @@ class Sweep:
                 self.say(f"stopped {job.tag} ({stage}, exit {proc.returncode}): continues on the next run")
                 continue
             res = run_results(job) or {}
-            if stage == "train" and res.get("status") not in FINISHED:
+            if stage == "train" and not self._trained(job, res):
                 msg = res.get("error") or f"exit status {proc.returncode}"
                 self.failed.append(job.tag)
                 self.say(f"FAILED {job.tag}: status {res.get('status', 'none')}: {str(msg).splitlines()[-1][:200]} "

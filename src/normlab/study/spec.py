@@ -12,6 +12,8 @@ the key before any run starts.
     budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
     paper_preset: {command: ..., gpu_hours: ...}           # the papers' sizes, for GPU users
     plots: {curves: valid_loss}
+    screen: {grid: {optim.lr: [...]}, rungs: [250, 1000], keep: 0.25, seed: 1}   # study/screen.py
+    arms: {name: {screen: false}}   # an arm the screen leaves at the common settings
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from normlab.errors import UserError
+from normlab.study.screen import Screen, load_screen
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
 INTERVALS = ("bootstrap", "t")
@@ -53,6 +56,7 @@ class Arm:
     # seeds beyond the study's, for the arms of a claim whose seeds left it open (issue 17's rule:
     # 3 seeds, or 2 with a difference > 3 sd): a third seed of two arms, not of every arm
     extra_seeds: tuple[int, ...] = ()
+    screen: bool = True  # false: the arm runs at the common settings though the study screens the others
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class Study:
     prune_overrides: dict = field(default_factory=dict)  # the budget's prune settings (smoke: 20 sentences)
     kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
     probe: dict = field(default_factory=dict)
+    screen: Screen | None = None  # each arm's setting chosen by successive halving (study/screen.py)
+
+    def screened(self, arm: Arm) -> bool:
+        return self.screen is not None and arm.screen
 
     def seeds_of(self, arm: Arm) -> tuple[int, ...]:
         """The seeds an arm runs: the study's, and at the full budget its extra_seeds."""
@@ -152,8 +160,10 @@ def load_study(name: str, budget: str = "full") -> Study:
         extra = node.get("extra_seeds") or []
         if not isinstance(extra, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in extra):
             raise UserError(f"{where}: arms.{arm_name}.extra_seeds", f"must be a list of integer seeds (got {extra!r})")
+        if not isinstance(node.get("screen", True), bool):
+            raise UserError(f"{where}: arms.{arm_name}.screen", f"{node['screen']!r}: true or false")
         arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"),
-                             node.get("model"), tuple(extra))
+                             node.get("model"), tuple(extra), bool(node.get("screen", True)))
     best_of = raw.get("best_of") or {}
     for group, node in best_of.items():
         unknown = [a for a in node.get("arms") or [] if a not in arms]
@@ -215,4 +225,15 @@ def load_study(name: str, budget: str = "full") -> Study:
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra)
+                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind))
+
+
+def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | None:
+    """The study's screen (study/screen.py), with the budget's own `screen:` keys over it (a smoke
+    budget screens a 2-value grid at tiny rungs)."""
+    node = raw.get("screen")
+    if node and kind == "probe":
+        raise UserError(f"{where}: screen", "a probe study trains nothing to screen")
+    if node and isinstance(node, dict) and isinstance(budget.get("screen"), dict):
+        node = {**node, **budget["screen"]}
+    return load_screen(node, where, [int(s) for s in seeds])
