@@ -39,7 +39,7 @@ test: install
 # other branches are its native one on AMD CPUs: MKL_CBWR=AVX2 changes nothing there.)
 KERNEL_ENV   := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
 KERNEL_TESTS := tests/test_schemes_pinned.py tests/test_norm_precision.py tests/test_qk_norm_precision.py \
-                tests/test_norms.py tests/test_model.py tests/test_schemes_recent.py tests/test_decoding.py \
+                tests/test_norms.py tests/test_model.py tests/test_schemes_recent.py tests/test_decoding.py tests/test_bias.py \
                 tests/test_continuation.py tests/test_train_e2e.py tests/test_final_test.py tests/test_hardware.py \
                 "tests/test_runs_survive.py::test_kill_9_then_rerun_continues_exactly" \
                 "tests/test_runs_survive.py::test_a_max_time_stop_is_a_pause_the_rerun_continues_exactly"

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -105,6 +104,7 @@ def label_smoothed_ce(logits: torch.Tensor, tgt_out: torch.Tensor, ntokens) -> t
 class Normlab:
     name = "normlab"
     full_logits = False  # True: the model alone, on full logits and the peers' loss
+    bias = True  # model.bias: biases in the attention projections and the norms
 
     def __init__(self, s: Shape, drop: dict, compile: bool = False, full_logits: bool = False):
         from normlab.config import ModelConfig, NormConfig
@@ -113,7 +113,8 @@ class Normlab:
         cfg = ModelConfig(vocab_size=s.vocab, d_model=s.d, encoder_layers=s.layers, decoder_layers=s.layers,
                           encoder_heads=s.heads, decoder_heads=s.heads, encoder_ffn=s.ffn, decoder_ffn=s.ffn,
                           dropout=drop["residual"], attention_dropout=drop["attention"],
-                          activation_dropout=drop["activation"], norm=NormConfig(placement=s.placement))
+                          activation_dropout=drop["activation"], norm=NormConfig(placement=s.placement),
+                          bias=self.bias)
         assert drop["embedding"] == drop["residual"], "normlab's `dropout` covers residuals and embeddings"
         self.model = Seq2SeqTransformer(cfg)
         self.forward = torch.compile(self.model) if compile else self.model
@@ -195,15 +196,9 @@ class NormlabNoBias(Normlab):
     one); x-transformers has none there (its FFN keeps them). At the tiny shape: normlab 131
     parameter tensors (65 biases), this variant 78 (12, the FFN's), x-transformers 80 (12; its 2
     more are learned position embeddings, which normlab's sinusoids do not need). The model is
-    otherwise normlab's."""
+    otherwise normlab's: normlab's `model.bias=false`."""
     name = "normlab-nobias"
-
-    def __init__(self, s: Shape, drop: dict, compile: bool = False, full_logits: bool = False):
-        super().__init__(s, drop, compile=compile, full_logits=full_logits)
-        for name, module in self.model.named_modules():
-            attention = name.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "out_proj")
-            if (attention and isinstance(module, nn.Linear)) or isinstance(module, nn.LayerNorm):
-                module.register_parameter("bias", None)
+    bias = False
 
 
 PEERS = (Normlab, XTransformers, TorchTransformer)

@@ -53,6 +53,7 @@ def test_default_config_is_valid():
     ("model.qk_norm=cosine", r"^model\.qk_norm: 'cosine' is not valid \(allowed: none, l2, rms\)$"),
     ("model.qk_norm_scale_init=0", r"^model\.qk_norm_scale_init: 0 is not valid \(allowed: a number > 0, or null"),
     ("model.value_residual=maybe", r"^model\.value_residual: 'maybe' is not valid \(allowed: true, false\)$"),
+    ("model.bias=maybe", r"^model\.bias: 'maybe' is not valid \(allowed: true, false\)$"),
     ("model.residual=dense", r"^model\.residual: 'dense' is not valid \(allowed: add, hyper, mhc\)$"),
     ("model.residual_streams=2", r"^model\.residual_streams: 2 with model\.residual=add: only hyper and mhc read it"),
     ("model.residual_mixing=sometimes", r"^model\.residual_mixing: 'sometimes' is not valid \(allowed: static, dynamic\)$"),

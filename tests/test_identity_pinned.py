@@ -75,10 +75,11 @@ def test_mix_ratio_at_its_default_keeps_the_pinned_names():
     assert identity.run_name(mix).startswith("bible_de_en-mix-xavier-")
 
 
-# Keys added by issue 20, at their defaults: a pinned run keeps its name; another value is another run.
+# Keys added by issues 20 and 36, at their defaults: a pinned run keeps its name; another value is another run.
 NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0"),
                   "model.value_residual": ("false", "true"), "model.residual": ("add", "hyper"),
-                  "model.residual_streams": ("4", "2"), "model.residual_mixing": ("static", "dynamic")}
+                  "model.residual_streams": ("4", "2"), "model.residual_mixing": ("static", "dynamic"),
+                  "model.bias": ("true", "false")}
 
 
 @pytest.mark.parametrize("key", NEW_MODEL_KEYS)
@@ -185,6 +186,19 @@ def test_attention_options_are_in_the_names_and_arm_labels():
         mhc = compose(config_name="config", overrides=["+arm=mhc"])
     assert identity.labels(hyper)["arm"] == "pre_ln+hyper4" and identity.labels(mhc)["arm"] == "pre_ln+mhc4_dynamic"
     assert identity.run_name(mhc).startswith("bible_de_en-pre_ln-xavier-mhc4_dynamic-none-e3d3-s1-")
+
+
+def test_a_bias_free_model_is_named_so():
+    """model.bias=false (issue 36) is another run, and its name and arm say nobias; true is today's."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        nobias = compose(config_name="config", overrides=["model.bias=false"])
+        post = compose(config_name="config", overrides=["norm=postnorm", "model.bias=false", "model.qk_norm=l2"])
+        today = compose(config_name="config", overrides=["model.bias=true"])
+    assert identity.run_name(today) == "bible_de_en-" + PINNED[0][1] and identity.labels(today)["attention"] == "none"
+    assert identity.run_name(nobias).startswith("bible_de_en-pre_ln-xavier-nobias-none-e3d3-s1-")
+    assert identity.identity_hash(nobias) != PINNED[0][1].rsplit("-", 1)[1]
+    assert identity.labels(nobias)["arm"] == "pre_ln+nobias" and identity.labels(post)["arm"] == "post_ln+nobias+qk_l2"
+    assert identity.run_name(post).startswith("bible_de_en-post_ln-xavier-nobias+qk_l2-none-e3d3-s1-")
 
 
 def test_the_report_resolves_a_runs_saved_interval():

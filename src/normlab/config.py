@@ -139,6 +139,10 @@ class ModelConfig:
     # (DenseFormer, Pagliardini et al. 2024), on the encoder, the decoder or both.
     layer_aggregation: str = "none"
     layer_aggregation_stacks: str = "both"
+    # false: no bias in the attention projections (q, k, v, out; self and cross) nor in any norm
+    # (LayerNorm's β, DyT's and Derf's β); the FFN keeps its own (x-transformers' default; PaLM and
+    # LLaMA drop every bias). A research axis: how biases interact with normalisation.
+    bias: bool = True
     # QK-norm (model/attention.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
     # logits g·q̂·k̂, g₀ = qk_norm_scale_init, null: log₂(L² − L) with L = max_positions) | rms (OLMo 2).
     qk_norm: str = "none"
@@ -173,7 +177,7 @@ class ModelConfig:
               f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
-        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual"):
+        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual", "bias"):
             check_bool(f"model.{key}", getattr(self, key))
         check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
               f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")

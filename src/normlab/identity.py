@@ -58,6 +58,7 @@ NEUTRAL = {
     "model.residual": "add",  # hyper-connections (issue 20): off, one residual stream
     "model.residual_streams": 4,  # their n; read by residual=hyper|mhc alone
     "model.residual_mixing": "static",  # their static / dynamic weights; read by hyper|mhc alone
+    "model.bias": True,  # biases in attention projections and norms (issue 36): as every run before
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
@@ -190,8 +191,10 @@ def data_label(data: Any) -> str:
 def attention_label(model: Any) -> str:
     """What the attention and the residual stream add to the scheme (issue 20): QK-norm (qk_l2,
     qk_rms), the value residual (vres) and hyper-connections (hyper4, mhc4_dynamic: n streams),
-    "+"-joined; "none" for today's model (so no earlier run's name changes)."""
-    parts = [f"qk_{model['qk_norm']}"] if model.get("qk_norm") not in (None, "none") else []
+    and what they remove (issue 36: nobias, model.bias=false), "+"-joined; "none" for today's model
+    (so no earlier run's name changes)."""
+    parts = ["nobias"] if model.get("bias", True) is False else []
+    parts += [f"qk_{model['qk_norm']}"] if model.get("qk_norm") not in (None, "none") else []
     parts += ["vres"] if model.get("value_residual") else []
     if model.get("residual") not in (None, "add"):
         dynamic = "_dynamic" if model.get("residual_mixing") == "dynamic" else ""

@@ -90,12 +90,13 @@ def _kept(weight: torch.Tensor, rows: list[int], cols: list[int]) -> nn.Paramete
 
 
 class DLCL(nn.Module):
-    def __init__(self, n_layers: int, d: int, norm_cfg, pre: bool):
+    def __init__(self, n_layers: int, d: int, norm_cfg, pre: bool, bias: bool = True):
         super().__init__()
         self.pre = pre
         w = torch.ones(n_layers + 1, n_layers + 1).tril()
         self.weight = nn.Parameter(w / w.sum(dim=1, keepdim=True))  # (L+1, L+1), rows average
-        self.norms = nn.ModuleList(build_norm(norm_cfg, d) for _ in range(n_layers))  # LN_1 .. LN_L
+        # LN_1 .. LN_L; bias: model.bias (without it, no norm has a bias)
+        self.norms = nn.ModuleList(build_norm(norm_cfg, d, bias) for _ in range(n_layers))
 
     def forward(self, layers: nn.ModuleList, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         history = [x]  # y_0, or LN_k(y_k) for pre-like placements
@@ -151,7 +152,7 @@ def build_aggregation(cfg, stack: str, n_layers: int, d: int) -> nn.Module:
     if cfg.layer_aggregation_stacks not in (stack, "both"):
         return LayerChain()
     if cfg.layer_aggregation == "dlcl":
-        return DLCL(n_layers, d, cfg.norm, pre=get_scheme(cfg.norm.placement).pre_like)
+        return DLCL(n_layers, d, cfg.norm, pre=get_scheme(cfg.norm.placement).pre_like, bias=cfg.bias)
     if cfg.layer_aggregation == "dwa":
         return DWA(n_layers)
     return LayerChain()

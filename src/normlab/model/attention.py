@@ -3,7 +3,8 @@
 Attention(Q, K, V) = softmax(QKᵀ/√d_k) V (Vaswani et al. 2017, 3.2.1); SDPA computes exactly
 that with its default scale 1/√d_k and picks a fused kernel, so there is no slow path in training.
 Projections are separate q/k/v/out `nn.Linear`s with bias so `torch.nn.MultiheadAttention`
-weights copy in (its in_proj_weight rows are [q; k; v]); kdim/vdim let the decoder attend to an
+weights copy in (its in_proj_weight rows are [q; k; v]), or without one (`bias=False`, model.bias=false:
+x-transformers' default, as PaLM and LLaMA); kdim/vdim let the decoder attend to an
 encoder of another width. Self-attention runs q, k and v as one matmul, cross-attention k and v
 of the memory (`_fused`).
 Optional behaviour is injected as modules that default to nn.Identity (torchtune's pattern):
@@ -114,13 +115,13 @@ class QKVNorm(nn.Module):
     # knowing the heads: the attention builds the norms, `for_heads(head_dim)`, when it takes it.
     sdpa_scale = None  # SDPA's default, 1/√d_head, as the paper's attention
 
-    def __init__(self, norm_cfg, d: int):
+    def __init__(self, norm_cfg, d: int, bias: bool = True):
         super().__init__()
-        self.norm_cfg, self.d = norm_cfg, d
+        self.norm_cfg, self.d, self.norm_bias = norm_cfg, d, bias  # norm_bias: model.bias, for the norms' own
 
     def for_heads(self, head_dim: int) -> "QKVNorm":
-        self.q_norm, self.k_norm, self.v_norm = (build_norm(self.norm_cfg, head_dim) for _ in range(3))
-        del self.norm_cfg
+        self.q_norm, self.k_norm, self.v_norm = (build_norm(self.norm_cfg, head_dim, self.norm_bias) for _ in range(3))
+        del self.norm_cfg, self.norm_bias
         return self
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
@@ -190,7 +191,8 @@ class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
                  kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self",
                  drophead: nn.Module | None = None, inner_norm: nn.Module | None = None,
-                 qk_norm: nn.Module | None = None, value_residual: ValueResidual | None = None):
+                 qk_norm: nn.Module | None = None, value_residual: ValueResidual | None = None,
+                 bias: bool = True):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -199,10 +201,10 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout = dropout
         self.kind = kind
-        self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
-        self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
-        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = _projection(embed_dim, embed_dim, bias)
+        self.k_proj = _projection(kdim or embed_dim, embed_dim, bias)
+        self.v_proj = _projection(vdim or embed_dim, embed_dim, bias)
+        self.out_proj = _projection(embed_dim, embed_dim, bias)
         self.drophead = drophead if drophead is not None else nn.Identity()
         qkv_norm = inner_norm if isinstance(inner_norm, QKVNorm) else None  # HybridNorm's, on q, k, v
         self.inner_norm = inner_norm if inner_norm is not None and qkv_norm is None else nn.Identity()
@@ -284,7 +286,20 @@ class MultiheadAttention(nn.Module):
         return q, k, v
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind}, heads={self.num_heads}, dropout={self.dropout}"
+        return f"kind={self.kind}, heads={self.num_heads}, dropout={self.dropout}" + (
+            "" if self.q_proj.bias is not None else ", bias=False")
+
+
+def _projection(in_dim: int, out_dim: int, bias: bool) -> nn.Linear:
+    # Built with a bias, which is then removed for bias=False: nn.Linear draws its bias from the global
+    # generator when it is built, so without it every later draw would move. This way a model.bias=false
+    # model draws what model.bias=true draws, and the same seed gives it the same weights (Xavier's,
+    # drawn after construction, initialization.py), only without the biases, which start at 0:
+    # model.bias is a paired comparison, seed for seed (tests/test_bias.py).
+    linear = nn.Linear(in_dim, out_dim)
+    if not bias:
+        linear.register_parameter("bias", None)
+    return linear
 
 
 def _fused(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
@@ -292,7 +307,7 @@ def _fused(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     # concatenated per call (a d x d copy each, negligible next to the activations) so the separate
     # q/k/v Linear modules stay as they are (state dict, copies from nn.MultiheadAttention, Admin).
     weight = torch.cat([lin.weight for lin in linears])  # (n·D, in)
-    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])  # None: benchmarks' bias-free variant
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])  # None: model.bias=false
     return F.linear(x, weight, bias).split([lin.out_features for lin in linears], dim=-1)  # views of (B, T, n·D)
 
 

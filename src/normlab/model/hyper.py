@@ -168,14 +168,14 @@ class _Connection(nn.Module):
 class HyperConnection(_Connection):
     """Zhu et al. 2024: read α_m, mix A_r, write β; H ← A_rᵀH + β·drop(F(N(α_mᵀH)))."""
 
-    def __init__(self, n: int, d: int, index: int, dynamic: bool, norm_cfg):
+    def __init__(self, n: int, d: int, index: int, dynamic: bool, norm_cfg, bias: bool = True):
         super().__init__()
         alpha = torch.zeros(n)
         alpha[index % n] = 1.0  # e_{k mod n}: block k reads stream k mod n
         self.alpha, self.mix, self.beta = nn.Parameter(alpha), nn.Parameter(torch.eye(n)), nn.Parameter(torch.ones(n))
         self.dynamic = dynamic
         if dynamic:
-            self.norm = build_norm(norm_cfg, d)
+            self.norm = build_norm(norm_cfg, d, bias)  # bias: model.bias
             self.w = nn.Parameter(torch.zeros(d, n + 2))  # columns: W_m, W_β, W_r (n of them)
             self.scale = nn.Parameter(torch.full((2,), DYNAMIC_SCALE))  # s_α, s_β
 
@@ -303,7 +303,7 @@ def build_connection(cfg, d: int, index: int) -> nn.Module | None:
     stack), or None for residual=add."""
     dynamic = cfg.residual_mixing == "dynamic"
     if cfg.residual == "hyper":
-        return HyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm)
+        return HyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm, cfg.bias)
     if cfg.residual == "mhc":
         return ManifoldHyperConnection(cfg.residual_streams, d, index, dynamic, cfg.norm.eps)
     return None

@@ -5,6 +5,8 @@ Tears", eq. for ScaleNorm); RMSNorm follows Zhang & Sennrich 2019; DyT follows Z
 ("Transformers without Normalization"), Derf its successor (Chen et al. 2025, "Stronger
 Normalization-Free Transformers", arXiv 2512.10938). `none` is the identity: ReZero (Bachlechner et al. 2020)
 has no norm at all (norm.placement=rezero, the only placement that takes it).
+`build_norm(..., bias=False)` (model.bias=false) builds every norm without its additive bias: LayerNorm's
+β (torch's `bias=False`), DyT's and Derf's β; ScaleNorm and RMSNorm have none.
 """
 from __future__ import annotations
 
@@ -71,39 +73,44 @@ class RMSNorm(nn.Module):
 class DyT(nn.Module):
     # Zhu et al. 2025: DyT(x) = γ ⊙ tanh(α·x) + β, α one learned scalar (init 0.5, the paper's default
     # and the authors' DynamicTanh(alpha_init_value=0.5)), γ = 1 and β = 0 vectors of size d. No
-    # statistics of x are computed: a drop-in for every norm (norm.type=dyt).
-    def __init__(self, d: int, alpha_init: float = 0.5):
+    # statistics of x are computed: a drop-in for every norm (norm.type=dyt). bias=False: no β
+    # (model.bias=false; Megatron's DynamicTanh has the same switch, `dyt_bias`).
+    def __init__(self, d: int, alpha_init: float = 0.5, bias: bool = True):
         super().__init__()
         self.d = d
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.alpha * x) * self.weight + self.bias
+        y = torch.tanh(self.alpha * x) * self.weight
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"d={self.d}"
+        return f"d={self.d}" + ("" if self.bias is not None else ", bias=False")
 
 
 class Derf(nn.Module):
     # Chen et al. 2025 (arXiv 2512.10938), DyT's successor: Derf(x) = γ ⊙ erf(α·x + s) + β, α and s
     # learned scalars, γ = 1 and β = 0 vectors of size d. Init α = 0.5 (DyT's default, from which the
     # paper starts) and s = 0, as x-transformers' Derf(init_alpha=0.5, init_bias=0.). Like DyT, no
-    # statistics of x are computed: a drop-in for every norm (norm.type=derf).
-    def __init__(self, d: int, alpha_init: float = 0.5, shift_init: float = 0.0):
+    # statistics of x are computed: a drop-in for every norm (norm.type=derf). bias=False drops β, the
+    # output's additive bias, as LayerNorm's; s stays: one scalar inside erf, the shape of the
+    # nonlinearity (where it is centred), not a bias added to the norm's output.
+    def __init__(self, d: int, alpha_init: float = 0.5, shift_init: float = 0.0, bias: bool = True):
         super().__init__()
         self.d = d
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.shift = nn.Parameter(torch.tensor(float(shift_init)))
         self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.erf(self.alpha * x + self.shift) * self.weight + self.bias
+        y = torch.erf(self.alpha * x + self.shift) * self.weight
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"d={self.d}"
+        return f"d={self.d}" + ("" if self.bias is not None else ", bias=False")
 
 
 NORMS: dict[str, type[nn.Module]] = {
@@ -116,14 +123,18 @@ NORMS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_norm(cfg, d: int) -> nn.Module:
+def build_norm(cfg, d: int, bias: bool = True) -> nn.Module:
     # cfg: a NormConfig (normlab.config), which imports NORMS from here for its choice list.
+    # bias: ModelConfig.bias (model.bias), which is a model key, not a norm one: it also removes the
+    # attention projections' biases (attention.py), so the caller hands it down.
     if cfg.type == "scalenorm":
         return ScaleNorm(d, eps=cfg.eps, scale_init=cfg.scale_init)
     if cfg.type == "dyt":
-        return DyT(d, alpha_init=cfg.dyt_alpha_init)
+        return DyT(d, alpha_init=cfg.dyt_alpha_init, bias=bias)
     if cfg.type == "derf":
-        return Derf(d)
+        return Derf(d, bias=bias)
     if cfg.type == "none":
         return nn.Identity()
-    return NORMS[cfg.type](d, eps=cfg.eps)
+    if cfg.type == "layernorm":
+        return nn.LayerNorm(d, eps=cfg.eps, bias=bias)
+    return NORMS[cfg.type](d, eps=cfg.eps)  # RMSNorm: no bias to drop

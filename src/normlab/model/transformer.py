@@ -40,6 +40,8 @@ class FeedForward(nn.Module):
     # FFN(x) = max(0, xW1 + b1)W2 + b2 (Vaswani et al. 3.3); dropout on the hidden ReLU output is
     # fairseq's activation_dropout (the authors of Transformers without Tears use it too).
     # `inner_norm` (Sub-LN, Wang et al. 2022) acts on the hidden layer before fc2; identity otherwise.
+    # fc1 and fc2 keep b1 and b2 under model.bias=false, which removes the attention projections' and
+    # the norms' biases only: x-transformers' default too (attn_*_bias off, ff_no_bias off).
     def __init__(self, d: int, ffn: int, activation_dropout: float, inner_norm: nn.Module | None = None):
         super().__init__()
         self.fc1 = nn.Linear(d, ffn)
@@ -56,13 +58,14 @@ def _residual(cfg: ModelConfig, sublayer: nn.Module, d: int, stack: str, layer: 
     # needs (DeepNorm its α, Sandwich a second norm on the branch output, what layer `layer` needs);
     # hyper-connections their weights, which start from the block's index in the stack (`block`).
     scheme = get_scheme(cfg.norm.placement)
-    return ResidualBlock(sublayer, build_norm(cfg.norm, d), d, scheme.name, cfg.dropout, omega=cfg.init == "admin",
-                         hyper=build_connection(cfg, d, block), **scheme.block_options(cfg, d, stack, layer))
+    return ResidualBlock(sublayer, build_norm(cfg.norm, d, cfg.bias), d, scheme.name, cfg.dropout,
+                         omega=cfg.init == "admin", hyper=build_connection(cfg, d, block),
+                         **scheme.block_options(cfg, d, stack, layer))
 
 
 def _inner_norm(cfg: ModelConfig, d: int, kind: str) -> nn.Module | None:
     # A norm inside the sub-layer, before its last linear map (Sub-LN, Wang et al. 2022), if any.
-    return get_scheme(cfg.norm.placement).inner_norm(cfg.norm, d, kind)
+    return get_scheme(cfg.norm.placement).inner_norm(cfg.norm, d, kind, cfg.bias)
 
 
 def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int | None = None) -> MultiheadAttention:
@@ -78,7 +81,7 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     value_residual = ValueResidual() if cfg.value_residual and kind != "cross" else None
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
                               drophead=drophead, inner_norm=_inner_norm(cfg, d, kind), qk_norm=qk_norm,
-                              value_residual=value_residual)
+                              value_residual=value_residual, bias=cfg.bias)
 
 
 def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
@@ -151,7 +154,7 @@ class Encoder(_Stack):
                                   for i in range(cfg.encoder_layers)), reg.encoder_layerdrop,
                                  reg.layerdrop_rates, salt=1)
         self.aggregation = build_aggregation(cfg, "encoder", cfg.encoder_layers, d)
-        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)
+        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d, cfg.bias)
 
     def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src_pad_mask = src.eq(self.pad_id)  # (B, S), True = pad
@@ -173,7 +176,7 @@ class Decoder(_Stack):
                                   for i in range(cfg.decoder_layers)), reg.decoder_layerdrop,
                                  reg.layerdrop_rates, salt=2)
         self.aggregation = build_aggregation(cfg, "decoder", cfg.decoder_layers, d)
-        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d)
+        self.final_norm = get_scheme(cfg.norm.placement).final_norm(cfg.norm, d, cfg.bias)
 
     def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 cache: IncrementalCache | None = None) -> torch.Tensor:

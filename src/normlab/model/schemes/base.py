@@ -81,14 +81,15 @@ class Scheme:
     # Whether a stack ends with one more N; None: when the scheme is pre-norm-like (pre_like).
     final_n: bool | None = None
 
-    def final_norm(self, norm_cfg, d: int) -> nn.Module:
+    # Every norm a scheme builds takes `bias` (model.bias; norms.build_norm): with false, none has one.
+    def final_norm(self, norm_cfg, d: int, bias: bool = True) -> nn.Module:
         # What each stack applies to its last layer's output. Pre-norm-like schemes leave the
         # residual stream un-normalised, so each stack ends with one more N (Wang et al. 2019; Nguyen &
         # Salazar 2019); post-norm's last sub-layer already normalised; ReZero has no norm.
         final = self.pre_like if self.final_n is None else self.final_n
-        return build_norm(norm_cfg, d) if final else nn.Identity()
+        return build_norm(norm_cfg, d, bias) if final else nn.Identity()
 
-    def inner_norm(self, norm_cfg, d: int, kind: str) -> nn.Module | None:
+    def inner_norm(self, norm_cfg, d: int, kind: str, bias: bool = True) -> nn.Module | None:
         """A norm inside the sub-layer of `kind` (encoder_self, decoder_self, cross, ffn), or None."""
         return None
 

@@ -78,10 +78,10 @@ class SubLN(Pre):
     of self-attention and FFN (torchscale's decoder does not scale `encoder_attn`)."""
     name, paper = "subln", "Wang et al. 2022, Magneto"
 
-    def inner_norm(self, norm_cfg, d, kind):
+    def inner_norm(self, norm_cfg, d, kind, bias=True):
         # Self-attention and FFN only: torchscale's MultiheadAttention builds inner_attn_ln `if subln
         # and self.self_attention`, so cross-attention has none.
-        return None if kind == "cross" else build_norm(norm_cfg, d)
+        return None if kind == "cross" else build_norm(norm_cfg, d, bias)
 
     def branch_gains(self, n_enc, n_dec):
         return subln_gains(n_enc, n_dec)
@@ -98,7 +98,7 @@ class Sandwich(Pre):
             raise ValueError("norm_out is the sandwich placement's second norm (and only its)")
 
     def block_options(self, cfg, d, stack, layer):
-        return {"norm_out": build_norm(cfg.norm, d)}
+        return {"norm_out": build_norm(cfg.norm, d, cfg.bias)}
 
     def forward(self, block, x, *args, **kwargs):
         out = block.sublayer(block.norm(x), *args, **kwargs)
@@ -157,5 +157,5 @@ class ResiDual(Scheme):
     def stream_input(self):
         return DualStreamInput()
 
-    def final_norm(self, norm_cfg, d):
-        return DualStreamOutput(build_norm(norm_cfg, d))
+    def final_norm(self, norm_cfg, d, bias=True):
+        return DualStreamOutput(build_norm(norm_cfg, d, bias))

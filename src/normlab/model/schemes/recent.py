@@ -153,8 +153,8 @@ class Hybrid(Scheme):
         h = block.norm(x)
         return block.dropout.add(h, block.sublayer(h, *args, **kwargs))
 
-    def inner_norm(self, norm_cfg, d, kind):
-        return None if kind == "ffn" else QKVNorm(norm_cfg, d)
+    def inner_norm(self, norm_cfg, d, kind, bias=True):
+        return None if kind == "ffn" else QKVNorm(norm_cfg, d, bias)
 
     def model_refusal(self, cfg):
         if cfg.qk_norm != "none":
