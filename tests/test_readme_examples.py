@@ -57,6 +57,8 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
     "python scripts/prepare_corpus.py": "needs corpora downloaded by hand; tests/test_prepare_corpus.py runs it",
     ".venv/bin/python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md), here on a GPU",
     "python benchmarks/": "benchmarks are timed runs for the record (benchmarks/README.md)",
+    "bash benchmarks/gpu_check.sh": "the GPU check needs CUDA; tests/test_gpu_check.py runs its dry run through the "
+                                    "script",
     "normlab-study": "a study runs real training processes; tests/test_study.py runs the command on smoke budgets "
                      "(SIGTERM and continuation, the README it writes, every study's arms composed); "
                      "tests/test_study_status.py its --status",
