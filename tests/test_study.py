@@ -93,10 +93,25 @@ def test_run_names_of_started_studies_are_pinned(tmp_path):
     (claim(kind="no_worse", margin=-1), "margin: -1: a no_worse claim needs a positive number"),
     (claim(interval="z"), "interval: 'z' is not an interval"),
     ({"id": "c", "better": "a", "than": "b1"}, "claims[0].claim: missing"),
+    (claim(paper_effect=0.83), "claims[0].paper_effect: 0.83: must be a non-empty string"),
+    (claim(carried_from=["language models"]), "claims[0].carried_from: ['language models']: must be a non-empty string"),
+    (claim(carried_from=" "), "claims[0].carried_from: ' ': must be a non-empty string"),
 ])
 def test_bad_study_file_is_one_error(tmp_path, bad, where):
     with pytest.raises(UserError, match=re.escape(where)):
         load_study(str(write_study_file(tmp_path, [bad])))
+
+
+def test_claims_carry_the_papers_effect_and_where_it_was_shown(tmp_path):
+    """paper_effect and carried_from are optional strings, read as written (issue 35 item 6)."""
+    c, plain = load_study(str(write_study_file(tmp_path, [
+        claim(paper_effect="+0.83 BLEU (avg of 5 TED pairs)", carried_from="language models"), claim(id="d")]))).claims
+    assert (c.paper_effect, c.carried_from) == ("+0.83 BLEU (avg of 5 TED pairs)", "language models")
+    assert (plain.paper_effect, plain.carried_from) == (None, None)
+    shipped = {f"{name}.{c.id}": c for name in available() for c in load_study(name).claims}
+    # every shipped claim states the paper's effect (or why there is none), and none is left "(recalled)"
+    assert [k for k, c in shipped.items() if not c.paper_effect] == []
+    assert [k for k, c in shipped.items() if "recalled" in f"{c.source} {c.paper}".lower()] == []
 
 
 def test_bad_arm_override_names_the_arm(tmp_path):

@@ -8,7 +8,8 @@ the key before any run starts.
     arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]},
                   extra_seeds: [3]}}    # seeds this arm runs beyond the study's (full budget only)
     best_of: {name: {arms: [a, b], by: valid_bleu}}   # an arm picked by a validation metric
-    claims: [{id, claim, source, paper, better, than, metric, than_metric, interval, kind, margin}]
+    claims: [{id, claim, source, paper, better, than, metric, than_metric, interval, kind, margin,
+              paper_effect, carried_from}]   # the last two optional strings, for the READMEs and the index
     budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
     paper_preset: {command: ..., gpu_hours: ...}           # the papers' sizes, for GPU users
     plots: {curves: valid_loss}
@@ -74,6 +75,9 @@ class Claim:
     than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
     margin: float = 1.0     # similar, no_worse: the largest difference the paper would call "about as good"
     direction: str | None = None  # higher | lower is better; default: lower for loss / nll / ppl
+    paper_effect: str | None = None  # the paper's own effect for the comparison the arms make, e.g.
+                                     # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
+    carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
 
 
 @dataclass(frozen=True)
@@ -179,10 +183,15 @@ def load_study(name: str, budget: str = "full") -> Study:
     for i, node in enumerate(raw.get("claims") or []):
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
-                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction") if k in node})
+                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
+                                          "paper_effect", "carried_from") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
+        for key in ("paper_effect", "carried_from"):
+            value = getattr(c, key)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
         if c.kind not in KINDS:
             raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
         if c.direction not in (None, "higher", "lower"):
