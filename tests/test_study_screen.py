@@ -93,3 +93,26 @@ def test_a_smoke_study_screens_an_arm_and_runs_its_seeds_at_the_choice(tmp_path)
     # the same command again: everything is decided and recorded
     again = run_study(args, timeout=600)
     assert again.returncode == 0 and "start " not in again.stdout, again.stdout[-2000:]
+
+
+def test_the_readme_shows_each_screen_its_cost_and_the_sensitivity_plot(tmp_path):
+    from normlab.study.screen import Screen, write_choice
+    from normlab.study.screen_report import screen_lines
+    from normlab.study.spec import load_study
+
+    path = write_study_file(tmp_path, [], extra=SCREEN.replace("rungs: [3]", "rungs: [250, 1000]"))
+    study = load_study(str(path))
+    out = tmp_path / "out"
+    rows = [{"name": n, "overrides": [f"optim.lr={lr}", f"optim.warmup={wu}"], "values": v, "status": st, "dropped_at": d}
+            for n, lr, wu, v, st, d in [
+                ("lr0.001-warmup2", 0.001, 2, {"250": 5.1, "1000": 4.2}, "stopped", None),
+                ("lr0.001-warmup4", 0.001, 4, {"250": 5.3}, "stopped", 250),
+                ("lr0.003-warmup2", 0.003, 2, {"250": None}, "diverged", 250),
+                ("lr0.003-warmup4", 0.003, 4, {"250": 5.0, "1000": 4.4}, "stopped", 1000)]]
+    write_choice(out / "screen" / "a.json", "a", study.screen, rows, "lr0.001-warmup2")
+    text = "\n".join(screen_lines(study, out, 2000))
+    assert "chosen `optim.lr=0.001 optim.warmup=2`; the screen trained 1,500 steps beyond the chosen run (0.75 runs" in text
+    assert "| **lr0.001-warmup2** | 5.100 | 4.200 | chosen |" in text
+    assert "| lr0.003-warmup2 | — | — | 250 (diverged) |" in text and "| lr0.003-warmup4 | 5.000 | 4.400 | 1000 |" in text
+    assert "![valid_loss against the learning rate, per arm](screen.png)" in text and (out / "screen.png").stat().st_size > 0
+    assert isinstance(study.screen, Screen) and screen_lines(load_study(str(write_study_file(tmp_path / "n", []))), out, 2000) == []

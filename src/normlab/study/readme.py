@@ -15,6 +15,7 @@ from normlab.hardware import cpu_text
 from normlab.study.claims import Verdict, statuses
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
+from normlab.study.screen_report import screen_lines
 from normlab.study.spec import Study
 
 BEGIN, END = "<!-- claims:begin (normlab-study writes this table) -->", "<!-- claims:end -->"
@@ -205,6 +206,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
                  f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
               *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
                  f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
+              *screen_lines(study, out, max(c["steps"] or [0]) or None),
               "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
         who = f"{v.better} vs {v.than}" if v.than else v.better

@@ -1,0 +1,111 @@
+"""The study README's Screens section: each screened arm's settings, their validation values at every
+rung, where each was dropped and the setting chosen (study/screen.py), and the learning-rate
+sensitivity plot: the last value each setting reached against its learning rate, one line per
+other setting, one panel per arm (Wortsman et al. 2023, "Small-scale proxies for large-scale
+Transformer training instabilities", Fig. 1). Only validation values: test scores choose nothing.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from normlab.study.screen import read_choice
+from normlab.study.spec import Study
+
+
+def screen_data(study: Study, out: Path) -> dict[str, dict]:
+    """{arm: its <out>/screen/<arm>.json} for the screened arms that have one."""
+    if study.screen is None:
+        return {}
+    found = {}
+    for arm in study.arms.values():
+        data = read_choice(out / "screen" / f"{arm.name}.json") if study.screened(arm) else None
+        if data:
+            found[arm.name] = data
+    return found
+
+
+def steps_trained(data: dict) -> int:
+    """The steps a screen trained beyond the chosen setting's own run (which is the arm's first seed):
+    every other setting to the rung it left at (at most: one that diverged or stalled stopped sooner)."""
+    return sum(row["dropped_at"] or data["rungs"][-1] for row in data["settings"] if row["name"] != data["chosen"])
+
+
+def screen_lines(study: Study, out: Path, budget_steps: int | None) -> list[str]:
+    data = screen_data(study, out)
+    if not data:
+        return []
+    s = study.screen
+    grid = ", ".join(f"`{k}` in {list(v)}" for k, v in s.grid)
+    lines = ["## Screens (each arm's setting, chosen on validation)", "",
+             f"Every screened arm trained each setting of {grid} on seed {s.seed} to step {s.rungs[0]}; at each "
+             f"rung ({', '.join(map(str, s.rungs))}) the best {s.keep:g} by {s.by} went on from its checkpoint, "
+             "and after the last rung the best one is the arm's setting: its run, continued, is the arm's seed "
+             f"{s.seed}, and the other seeds run at it. A setting that diverged or stalled left at its rung. "
+             "Test scores choose nothing.", ""]
+    for arm, d in data.items():
+        extra = steps_trained(d)
+        cost = f"; the screen trained {extra:,} steps beyond the chosen run" + (
+            f" ({extra / budget_steps:.2f} runs of {budget_steps:,} steps)" if budget_steps else "")
+        label = study.arms[arm].label
+        lines += [f"**{label}**: chosen `{' '.join(_chosen(d))}`{cost}.", "",
+                  "| setting | " + " | ".join(f"{s.by} at {r}" for r in d["rungs"]) + " | left at |",
+                  "|---|" + "---|" * len(d["rungs"]) + "---|"]
+        for row in d["settings"]:
+            cells = [_fmt(row["values"].get(str(r))) for r in d["rungs"]]
+            left = ("chosen" if row["name"] == d["chosen"] else
+                    f"{row['dropped_at']}" + (f" ({row['status']})" if row["status"] not in ("stopped", "completed") else ""))
+            name = f"**{row['name']}**" if row["name"] == d["chosen"] else row["name"]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {left} |")
+        lines.append("")
+    plot = _plot(study, data, out)
+    if plot:
+        lines += [f"![{s.by} against the learning rate, per arm]({plot})", ""]
+    return lines
+
+
+def _chosen(d: dict) -> list[str]:
+    return next(row["overrides"] for row in d["settings"] if row["name"] == d["chosen"])
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _plot(study: Study, data: dict[str, dict], out: Path) -> str | None:
+    """screen.png: the last value each setting reached against optim.lr (log scale), a line per value
+    of the other grid keys, a panel per arm; None when the grid has no optim.lr."""
+    keys = [k for k, _ in study.screen.grid]
+    if "optim.lr" not in keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(data))
+    rows = math.ceil(len(data) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
+    for ax, (arm, d) in zip(axes.flat, data.items()):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for row in d["settings"]:
+            setting = dict(o.split("=", 1) for o in row["overrides"])
+            reached = [(int(r), v) for r, v in row["values"].items() if v is not None]
+            if not reached:
+                continue
+            other = " ".join(f"{k.rsplit('.', 1)[-1]} {setting[k]}" for k in keys if k != "optim.lr")
+            lines.setdefault(other, []).append((float(setting["optim.lr"]), max(reached)[1]))
+        for i, (other, pts) in enumerate(sorted(lines.items())):
+            ax.plot(*zip(*sorted(pts)), marker="o", color=f"C{i}", label=other or None)
+        ax.set_xscale("log")
+        ax.set_title(study.arms[arm].label, fontsize=9)
+        ax.set_xlabel("learning rate", fontsize=8)
+        if lines and any(lines):
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(data):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel(f"{study.screen.by} where it left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "screen.png", dpi=90)
+    plt.close(fig)
+    return "screen.png"
