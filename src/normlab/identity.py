@@ -59,6 +59,9 @@ NEUTRAL = {
     "model.residual_streams": 4,  # their n; read by residual=hyper|mhc alone
     "model.residual_mixing": "static",  # their static / dynamic weights; read by hyper|mhc alone
     "model.bias": True,  # biases in attention projections and norms (issue 36): as every run before
+    # training to a plateau (issue 35): off, every run trains to max_steps as before
+    "callbacks.plateau": {"_target_": "normlab.callbacks.plateau.PlateauStop", "window": None, "min_delta": 0.01,
+                          "monitor": "valid/loss"},
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

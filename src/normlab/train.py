@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
+from normlab.callbacks.plateau import PlateauStop
 from normlab.callbacks.stall import StallGuard
 from normlab.checkpoint import CheckpointError, load_checkpoint, write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
@@ -261,6 +262,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
             print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
                   "to continue")
         results.update(outcome.reasons)
+        plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
+        if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
+            results["plateau"] = plateau.summary(trainer)
         results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
         # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
         # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
