@@ -15,7 +15,7 @@ def names(cfg):
 
 def test_default_callbacks_in_config_order_and_admin_adds_its_own():
     # (the progress bar is a factory that declines when stdout is not a terminal, as under pytest)
-    assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "StallGuard",
+    assert names(compose_cfg([])) == ["BestCheckpoint", "StepCheckpoint", "DivergenceGuard", "StallGuard", "PlateauStop",
                                       "ValidateAtEnd", "Diagnostics", "DropHeadSchedule", "TrainLog", "FullStateCheckpoint",
                                       "Preemption"]
     admin = compose_cfg(["norm=postnorm", "init=admin", "init.admin.batches=2"])
