@@ -51,3 +51,27 @@ def code_legs(before: list[dict] | None, code: dict, from_step: int) -> list[dic
     if from_step > 0 and not legs:
         legs = [{"from_step": 0, "commit": None, "dirty": None}]
     return [*legs, {"from_step": from_step, "commit": code.get("commit"), "dirty": code.get("dirty")}]
+
+
+def changed_since(commit: str) -> list[str] | None:
+    """The files under src/ and conf/ of this checkout (its working tree, new files included) that
+    differ from `commit`'s: [] when it runs that commit's code; None when the commit is not in this
+    clone or git cannot say."""
+    if not (ROOT / ".git").exists() or _git("cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return None
+    changed = _git("diff", "--name-only", commit, "--", "src", "conf")
+    new = _git("ls-files", "--others", "--exclude-standard", "--", "src", "conf")
+    if changed is None or new is None:
+        return None
+    return sorted({line for line in (changed + "\n" + new).splitlines() if line.strip()})
+
+
+def first_committed(path: Path) -> str | None:
+    """The commit that first added `path` to this clone and its date ("abc12345 on 2026-11-25"):
+    for a record that names no code, the newest code it can have trained at. None: not in git."""
+    try:
+        rel = Path(path).resolve().relative_to(ROOT)
+    except ValueError:
+        return None
+    out = _git("log", "--diff-filter=A", "--format=%h on %cs", "--abbrev=8", "--", str(rel))
+    return out.splitlines()[-1] if out else None

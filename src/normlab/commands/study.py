@@ -6,6 +6,7 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study twt_lowres study.budget=smoke   # the machinery in seconds (a test, not a result)
     normlab-study twt_lowres --report-only     # judge and write the README from the records alone
     normlab-study twt_lowres --status          # each planned run's state and the machine-hours left
+    normlab-study twt_lowres --verify pre_ln-s1 --steps 50   # rerun a record's first steps: same losses?
     normlab-study twt_lowres trainer.accelerator=gpu   # the same runs on a GPU, one at a time
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
@@ -47,8 +48,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "(records of the same runs other studies hold are copied in first)")
     ap.add_argument("--status", action="store_true", help="each planned run's state (recorded, finished, training "
                     "now, stopped part-way, failed, not started) and the machine-hours left; runs and writes nothing")
+    ap.add_argument("--verify", metavar="RUN", default=None,
+                    help="rerun the first --steps optimizer steps of a record (its name, e.g. pre_ln-s1, or its "
+                         "folder) at its recorded settings and thread count in a temporary folder, and compare "
+                         "every training loss it logged in them to the bit: exit 0 equal, 1 different (with the "
+                         "step, both values and what differs from the record's code and CPU)")
+    ap.add_argument("--steps", type=int, default=None, help="with --verify: the optimizer steps to rerun "
+                    f"(default {VERIFY_STEPS}; the record's logged steps below it are compared)")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
+    if args.steps is not None and args.verify is None:
+        raise UserError("--steps", "only with --verify RUN")
+    if args.verify is not None and (args.status or args.report_only or args.list):
+        raise UserError("--verify", "trains a copy of one record: not with --status, --report-only or --list")
+    args.steps = VERIFY_STEPS if args.steps is None else args.steps
+    if args.steps < 1:
+        raise UserError("--steps", f"{args.steps} must be >= 1")
     args.launch, accelerator = [], "cpu"  # conf/trainer/cpu.yaml: the runs' default
     for item in args.settings:
         key, sep, value = item.partition("=")
@@ -70,6 +85,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise UserError("normlab-study", "name a study (normlab-study --list shows them)")
     return args
 
+
+VERIFY_STEPS = 20  # --verify's default: a check in about a minute for a small study's run
 
 # where a study's runs can train: run_config.ACCELERATORS but TPUs (not imported here: it loads torch)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
@@ -121,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(args.runs) if args.runs else (Path("studies") / "runs" if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
+    if args.verify is not None:
+        from normlab.study.verify import find_record, verify
+
+        if study.kind == "probe":
+            raise UserError("--verify", f"{study.name} is a probe study: it records no training runs")
+        return verify(find_record(out, args.verify), args.steps, args.launch)
     if args.status:
         return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)
     failed = 0
