@@ -78,6 +78,7 @@ class Claim:
     paper_effect: str | None = None  # the paper's own effect for the comparison the arms make, e.g.
                                      # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
     carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
+    changed: str | None = None  # why the definition differs from the one its first records fixed (study/fixed.py)
 
 
 @dataclass(frozen=True)
@@ -184,11 +185,11 @@ def load_study(name: str, budget: str = "full") -> Study:
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
                   **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                          "paper_effect", "carried_from") if k in node})
+                                          "paper_effect", "carried_from", "changed") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
-        for key in ("paper_effect", "carried_from"):
+        for key in ("paper_effect", "carried_from", "changed"):
             value = getattr(c, key)
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
