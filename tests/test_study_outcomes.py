@@ -1,10 +1,14 @@
 """What an outcome means (issue 35, items 2 and 4): "trains" only within the study's bar of its
 reference arm (else "learns, far behind"), a comparison with a run still improving at its cap is
-"budget-bound" (from results.json's `plateau` or from metrics.csv), and the study keys that set both."""
+"budget-bound" (from results.json's `plateau` or from metrics.csv), the study keys that set both,
+and the README's claims table, which says which interval decides."""
+import json
+
 import pytest
 
 from normlab.errors import UserError
 from normlab.study.claims import judge
+from normlab.study.readme import write_study
 from normlab.study.records import load_records
 from normlab.study.spec import load_study
 from study_files import claim, pairs, record, verdicts, write_study_file
@@ -124,3 +128,22 @@ def test_bad_judging_keys_are_one_error(tmp_path, extra, where):
     path.write_text(path.read_text().replace("family: F", "family: [F]"))
     with pytest.raises(UserError, match=r"arms.a.family: must be a name"):
         load_study(str(path))
+
+
+def test_the_readme_says_which_interval_decides(tmp_path):
+    """The claims table: the seed interval (decides) beside the test-set check (does not), the text
+    under it, and claims.json's fields for both."""
+    study = load_study(str(write_study_file(tmp_path, [claim(paper_effect="+0.83 BLEU")], families={"a": "F"})))
+    out = tmp_path / "out"
+    for arm, seed, metrics in pairs([27.0, 27.2, 26.9], [24.0, 24.1, 24.3]):
+        record(out, arm, seed, **metrics)
+    by_arm = load_records(out)
+    write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study s")
+    text = (out / "README.md").read_text()
+    assert ("| claim | source | paper | ours: A − B, 95% seed interval (decides) | test-set check (per-run, "
+            "sentences; does not decide) | verdict |") in text
+    assert "The verdict comes from the seed-level interval" in text and "never decides" in text
+    assert "| paper | +1 (effect: +0.83 BLEU) | +2.90 [" in text and "(t over 3 paired seeds, df " in text
+    (c,) = json.loads((out / "claims.json").read_text())["claims"]
+    assert c["difference"]["decides"] and c["difference"]["df"] > 0 and c["test_set_check"] is None
+    assert c["variance"]["a"]["source"] == "family:F" and c["paper_effect"] == "+0.83 BLEU"
