@@ -53,3 +53,34 @@ def test_the_check_names_a_claim_judged_two_ways(tmp_path):
             self.name, self.claims = name, claims
     bad = same_kind_across_studies([S("x", [C]), S("y", [replace(C, kind="no_worse")])])
     assert bad == ["w: x judges it as similar, y as no_worse"]
+
+
+def test_the_readme_and_the_index_show_a_change_after_the_data(tmp_path):
+    from normlab.study.claims import judge
+    from normlab.study.index import update_index
+    from normlab.study.records import load_records
+    from normlab.study.readme import write_study
+
+    from study_files import record, write_study_file
+
+    def write(kind, changed=None):
+        c = {"id": "c", "claim": "A about as good as B", "source": "paper", "paper": "+0", "better": "a",
+             "than": "b1", "interval": "t", "kind": kind, "margin": 1.0, "carried_from": "language models",
+             **({"changed": changed} if changed else {})}
+        study = load_study(str(write_study_file(tmp_path, [c])))
+        by_arm = load_records(out)
+        return write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study s").read_text()
+
+    out = tmp_path / "experiments" / "s"
+    for arm, base in (("a", 25.0), ("b1", 24.0)):
+        for seed in (1, 2, 3):
+            record(out, arm, seed, test_bleu=base + 0.1 * seed, valid_bleu=20.0)
+    first = write("similar")
+    assert "Claims changed after the data" not in first
+    text = write("no_worse", changed="one-sided: a gain is no cost")
+    assert "## Claims changed after the data" in text
+    assert "| c | kind similar | kind no_worse | inconclusive | held | one-sided: a gain is no cost |" in text
+    assert "**held** (changed after the data; was inconclusive)" in text
+    update_index(tmp_path / "experiments" / "README.md")
+    index = (tmp_path / "experiments" / "README.md").read_text()
+    assert "[carried from language models to MT]" in index and "(changed after the data; was inconclusive)" in index

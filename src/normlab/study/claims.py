@@ -80,7 +80,7 @@ class Verdict:
     def as_dict(self) -> dict:
         iv, ck = self.interval, self.check
         return {"id": self.claim.id, "claim": self.claim.claim, "source": self.claim.source, "paper": self.claim.paper,
-                "paper_effect": self.claim.paper_effect, "kind": self.claim.kind, "metric": self.claim.metric,
+                "paper_effect": self.claim.paper_effect, "carried_from": self.claim.carried_from, "kind": self.claim.kind, "metric": self.claim.metric,
                 "verdict": self.verdict, "better": self.better, "than": self.than, "means": self.means,
                 "statuses": self.statuses, "note": self.note,
                 "difference": None if iv is None else {"mean": iv.diff, "low": iv.low, "high": iv.high, "method": iv.method,

@@ -13,6 +13,7 @@ import numpy as np
 
 from normlab.hardware import cpu_text
 from normlab.study.claims import Verdict, statuses
+from normlab.study.fixed import change_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
 from normlab.study.screen_report import screen_lines
@@ -162,6 +163,12 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
             probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
     planned = study.planned
     claims = [v.as_dict() for v in verdicts]
+    # claims fixed before their data (study/fixed.py): a definition changed since the first records is shown
+    changes = update_lock(out, study.claims, {v.claim.id: v.verdict for v in verdicts},
+                          has_records=any(by_arm.values()), today=time.strftime("%Y-%m-%d"))
+    for entry in claims:
+        if entry["id"] in changes:
+            entry["changed_after_data"] = changes[entry["id"]]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
                                                  "cost": {**c, "planned": planned}, "claims": claims}, indent=2) + "\n")
     with open(out / "table.csv", "w", newline="") as f:
@@ -192,7 +199,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
                  f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
               *screen_lines(study, out, max(c["steps"] or [0]) or None),
-              "## Claims", "", *claims_lines(claims)]
+              "## Claims", "", *claims_lines(claims), *change_lines(changes)]
     lines += probe_lines
     metrics = study.table_metrics
     lines += ["## Arms (mean ± sd over completed seeds)", "",

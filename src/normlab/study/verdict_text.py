@@ -102,11 +102,23 @@ def who(c: dict) -> str:
     return f"{c['better']} vs {c['than']}" if c.get("than") else c["better"]
 
 
+def claim_cell(c: dict) -> str:
+    """The claim, its arms and metric, and where the paper showed it when not on translation."""
+    return (f"{c['claim']} ({who(c)}, {c['metric']})"
+            + (f" [carried from {c['carried_from']} to MT]" if c.get("carried_from") else ""))
+
+
+def verdict_word(c: dict) -> str:
+    """The verdict, and the one it had under its definition before it changed after the data."""
+    ch = c.get("changed_after_data")
+    return f"**{c['verdict']}**" + (f" (changed after the data; was {ch['verdict_then'] or '—'})" if ch else "")
+
+
 def claims_lines(claims: list[dict]) -> list[str]:
     """A study README's claims table, the text that says which interval decides, and the notes."""
-    rows = [f"| {c['claim']} ({who(c)}, {c['metric']}) | {c['source']} | {c['paper']}"
+    rows = [f"| {claim_cell(c)} | {c['source']} | {c['paper']}"
             + (f" (effect: {c['paper_effect']})" if c.get("paper_effect") else "")
-            + f" | {ours_cell(c)} | {check_cell(c)} | **{c['verdict']}** |" for c in claims]
+            + f" | {ours_cell(c)} | {check_cell(c)} | {verdict_word(c)} |" for c in claims]
     notes = [f"- {c['id']}: {c['note']}" for c in claims if c.get("note")]
     return [*CLAIMS_HEADER, *rows, "", CLAIMS_TEXT, "", *notes, *([""] if notes else [])]
 
@@ -114,5 +126,5 @@ def claims_lines(claims: list[dict]) -> list[str]:
 def index_row(study: str, folder: str, c: dict) -> str:
     ours = interval_text(c["difference"]) if c.get("difference") else (
         f"{c['better']}: {outcome_cell(c, 'not run')}" if c.get("kind") in ("fails", "trains") else ours_cell(c))
-    return (f"| [{study}]({folder}/) | {c['claim']} ({who(c)}, {c['metric']}) | {c['source']} | {c['paper']} | "
-            f"{c.get('paper_effect') or '—'} | {ours} | {method_cell(c)} | **{c['verdict']}** |")
+    return (f"| [{study}]({folder}/) | {claim_cell(c)} | {c['source']} | {c['paper']} | "
+            f"{c.get('paper_effect') or '—'} | {ours} | {method_cell(c)} | {verdict_word(c)} |")
