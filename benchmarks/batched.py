@@ -120,8 +120,12 @@ def _norm(p: dict, name: str, x: torch.Tensor, eps: float) -> torch.Tensor:
 def _attention(p: dict, name: str, x: torch.Tensor, memory: torch.Tensor | None, heads: int,
                mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     K, B, T, D = x.shape
-    g = lambda proj, kind: p.get(f"{name}.{proj}_proj.{kind}")  # noqa: E731
-    cat = lambda projs, kind: None if g(projs[0], kind) is None else torch.cat([g(q, kind) for q in projs], 1)  # noqa: E731
+    def g(proj: str, kind: str) -> torch.Tensor | None:
+        return p.get(f"{name}.{proj}_proj.{kind}")
+
+    def cat(projs: str, kind: str) -> torch.Tensor | None:  # fused projections: (K, n·D, in)
+        return None if g(projs[0], kind) is None else torch.cat([g(q, kind) for q in projs], 1)
+
     if memory is None:  # fused QKV, as attention.py
         q, k, v = _linear(x.flatten(1, 2), cat("qkv", "weight"), cat("qkv", "bias")).split(D, -1)
         S = T

@@ -12,10 +12,11 @@ median over turns of that turn's ratio: the issue's target is K = 4 at <= 1.6x o
 on both cores: 2 threads). All ways train the same members from the same initial weights, so their
 losses at the last step must agree (printed: the largest relative difference, members x ways).
 
-    python benchmarks/batched_members.py                                  # both shapes, K 1,2,4, 1 and 2 threads
-    python benchmarks/batched_members.py --shapes deep_bleu --threads 2 --steps 4 --warmup 1   # quicker
-    python benchmarks/batched_members.py --profile vmap:4                 # + torch.profiler's top ops of one batched step
-    python benchmarks/batched_members.py --small --steps 2 --warmup 1     # check the script (seconds)
+    python benchmarks/batched_members.py                           # both shapes, K 1,2,4, 1 and 2 threads
+    python benchmarks/batched_members.py --shapes deep_bleu --threads 2 --members 4   # the issue's target
+    python benchmarks/batched_members.py --profile seq:1,bmm:4     # + torch.profiler: phases, top ops
+    python benchmarks/batched_members.py --kernels 15              # + the forward kernels, per member vs batched
+    python benchmarks/batched_members.py --small --steps 2 --warmup 1   # check the script (seconds)
 Nothing else should run on the machine meanwhile (see benchmarks/README.md); the load average is printed.
 """
 from __future__ import annotations
@@ -185,6 +186,53 @@ def profile(cfg, spec: str, args, batches) -> dict:
     return out
 
 
+def kernels(cfg, K: int, b: dict, reps: int) -> list[dict]:
+    """The forward kernels of one member's step at the model's shapes (the batch's target rows, N = B·T),
+    in turns, `reps` times: each linear layer as K F.linear calls (one per member, today), as one baddbmm
+    over the members (the hand-batched way) and as one F.linear on K·N rows with one weight (what a
+    larger batch of one model would cost: the best batching over the members could do), and decoder
+    self-attention as K SDPA calls against one over K·B rows. Medians; GFLOP/s of the K members' work."""
+    B, T = b["tgt_in"].shape
+    N, d, f, H = B * T, cfg.d_model, cfg.decoder_ffn, cfg.decoder_heads
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    linear, sdpa = torch.nn.functional.linear, torch.nn.functional.scaled_dot_product_attention
+    cases = {}
+    for name, (i, o) in {"q,k,v fused": (d, 3 * d), "out_proj": (d, d), "fc1": (d, f), "fc2": (f, d)}.items():
+        x, w, bias = rnd(K, N, i), rnd(K, o, i), rnd(K, o)
+        cases[f"linear {name} ({N}x{i} @ {i}x{o})"] = (2.0 * K * N * i * o, {
+            "per member": lambda x=x, w=w, bias=bias: [linear(x[j], w[j], bias[j]) for j in range(K)],
+            "baddbmm": lambda x=x, w=w, bias=bias: torch.baddbmm(bias[:, None], x, w.transpose(1, 2)),
+            "K·N rows": lambda x=x, w=w, bias=bias: linear(x.flatten(0, 1), w[0], bias[0])})
+    q, k, v = (rnd(K, B, H, T, d // H) for _ in range(3))
+    cases[f"SDPA causal ({B}x{H}x{T}x{d // H})"] = (2.0 * 2 * K * B * H * T * T * (d // H), {
+        "per member": lambda: [sdpa(q[j], k[j], v[j], is_causal=True) for j in range(K)],
+        "baddbmm": lambda: sdpa(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), is_causal=True),
+        "K·N rows": lambda: sdpa(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), is_causal=True)})
+    rows = []
+    for label, (flops, ways) in cases.items():
+        times = {w: [] for w in ways}
+        for w in ways.values():  # untimed: the first call allocates
+            w()
+        for r in range(reps):
+            for w in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+                t0 = time.perf_counter()
+                ways[w]()
+                times[w].append(time.perf_counter() - t0)
+        med = {w: P.quantiles(t)[1] for w, t in times.items()}
+        rows.append({"kernel": label, "K": K, "threads": torch.get_num_threads(),
+                     **{f"{w} s": t for w, t in med.items()},
+                     **{f"{w} GFLOP/s": flops / t / 1e9 for w, t in med.items()}})
+    print(f"\nkernels, K={K}, {torch.get_num_threads()} thread(s) (forward; GFLOP/s of the K members' work; "
+          "for SDPA both batched columns are one call over K·B rows)")
+    print("| kernel | per member (K calls) | baddbmm over members | one weight, K·N rows |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        ways = ("per member", "baddbmm", "K·N rows")
+        print(f"| {r['kernel']} | " + " | ".join(f"{r[f'{w} GFLOP/s']:.1f}" for w in ways) + " |")
+    return rows
+
+
 def table(rows: list[dict], methods: list[str]) -> None:
     batched = [m for m in methods if m != "seq"]
     print("\n| shape | threads | K | one member s/step | " + " | ".join(f"{m} / one member" for m in methods)
@@ -204,13 +252,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)} (seq is always run)")
     ap.add_argument("--steps", type=int, default=8, help="timed turns per configuration")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each way first")
-    ap.add_argument("--placement", choices=("pre", "post"), default="pre", help="norm placement (deep_bleu's pre_ln arm: pre)")
+    ap.add_argument("--placement", choices=("pre", "post"), default="pre",
+                    help="norm placement (deep_bleu's pre_ln arm: pre)")
     ap.add_argument("--init", choices=("same", "seeds"), default="same",
                     help="same: every member from seed 1 (a screen); seeds: member k from seed k+1")
     ap.add_argument("--data", choices=("corpus", "synthetic"), default="corpus",
                     help="corpus: the bundled corpus' 2,048-token training batches; synthetic: 64 x 32 tokens")
     ap.add_argument("--profile", metavar="WAY:K[,WAY:K]", help="also profile these ways at K members (at the first "
                     "shape and thread count), e.g. seq:1,bmm:4")
+    ap.add_argument("--kernels", type=int, default=0, metavar="REPS",
+                    help="also time the forward kernels at the first shape, largest K, each thread count (REPS turns)")
     ap.add_argument("--top", type=int, default=15, help="ops in the profile's table")
     ap.add_argument("--small", action="store_true", help="a toy shape, to check the script")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
@@ -252,11 +303,15 @@ def main(argv=None) -> dict:
     if rows:
         print(f"\nload average at the end {os.getloadavg()[0]:.1f}; {time.time() - t_start:.0f} s")
         table(rows, args.methods)
+    kernel_rows = []
+    for t in threads if args.kernels else []:
+        torch.set_num_threads(t)
+        kernel_rows += kernels(model_config(shapes[0], args.placement), max(Ks or [4]), batches[0], args.kernels)
     torch.set_num_threads(threads[0])
     profiles = [profile(model_config(shapes[0], args.placement), x, args, batches) for x in specs]
     out = {"torch": torch.__version__, "cores": os.cpu_count(), "steps": args.steps, "warmup": args.warmup,
            "data": args.data, "init": args.init, "placement": args.placement, "rows": rows,
-           "profiles": profiles}
+           "kernels": kernel_rows, "profiles": profiles}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return out

@@ -1,7 +1,8 @@
 """benchmarks/batched.py, the batched members that batched_members.py times: its Adam on the stacked
 parameters makes torch.optim.Adam's update for every member at that member's learning rate, and member
 k trained 5 steps in the batch (either forward) has the losses of a single model trained 5 steps from
-the same weights at the same learning rates, to 1e-5 relative."""
+the same weights at the same learning rates, to 1e-5 relative. batched_members.py rejects bad arguments
+before it measures anything."""
 from __future__ import annotations
 
 import copy
@@ -129,3 +130,22 @@ def test_bmm_forward_is_the_model_and_names_what_it_lacks(Bm):
             torch.testing.assert_close(got[k], m(b["src"], b["tgt_in"], project=False), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="norm.placement=deepnorm"):
         Bm.bmm_states(Bm.Stacked(models(config("deepnorm"), [1])), b["src"], b["tgt_in"])
+
+
+@pytest.mark.parametrize("argv,message", [(["--profile", "vmap"], "expected WAY:K"),
+                                          (["--methods", "seq,jit"], "--methods"),
+                                          (["--shapes", "base"], "--shapes: base")])
+def test_script_rejects_bad_arguments_before_running(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_batched_members", BENCHMARKS / "batched_members.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def no_benchmark(*a, **k):
+        raise AssertionError("the benchmark ran: the argument was not rejected first")
+
+    for fn in ("corpus_batches", "synthetic_batches"):
+        monkeypatch.setattr(mod.P, fn, no_benchmark)
+    with pytest.raises(SystemExit) as e:
+        mod.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
