@@ -61,7 +61,7 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
                                     "script",
     "normlab-study": "a study runs real training processes; tests/test_study.py runs the command on smoke budgets "
                      "(SIGTERM and continuation, the README it writes, every study's arms composed); "
-                     "tests/test_study_status.py its --status",
+                     "tests/test_study_status.py its --status, tests/test_study_verify.py its --verify",
     "srun": "the body of an sbatch script (a SLURM job step); its train.py overrides are the ones the launcher "
             "example above composes",
 }

@@ -1,6 +1,9 @@
-"""normlab-study NAME --verify RUN [--steps N]: a record's first steps rerun at its settings and
-thread count give its logged losses to the bit; an altered record fails, naming the step and both
-values; what a difference can come from is read from the record (code, kernel path, threads)."""
+"""normlab-study NAME --verify RUN [--steps N]: a record's first steps rerun at its settings, thread
+count and code give its logged losses to the bit; an altered record fails, naming the step and both
+values; a record of another commit is rerun at that commit's code (paused by stop_at_step, or by
+SIGTERM where the code predates it); what a difference can come from is read from the record (code,
+kernel path, threads), and what the rerun could not take from it is said."""
+import json
 import os
 import re
 import shutil
@@ -12,8 +15,12 @@ import pytest
 
 from normlab.commands.study import main
 from normlab.errors import UserError, report
-from normlab.provenance import changed_since, code_version
-from normlab.study.verify import compare, logged_losses, reasons, rerun_env
+import normlab.provenance as provenance
+from normlab.provenance import changed_since, code_version, first_committed
+from normlab.study import verify as verify_mod
+from normlab.study.verify import (RerunCode, compare, logged_losses, record_legs, rerun_code, rerun_env,
+                                  steps_to_compare)
+from normlab.study.verify_why import conclusion, reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = """title: verify
@@ -86,6 +93,9 @@ def test_an_altered_record_fails_naming_the_step_and_both_values(smoke, tmp_path
     assert (f"differs: step 2 (metrics.csv) train/loss: record {fake}, rerun {true}, relative difference 1.0e-06; "
             "2 of 4 logged steps before it equal") in out
     assert "why it may differ:" in out and "kernel path: the record's (" in out  # same CPU: not a cause
+    if not code_version()["dirty"]:  # the record's code is this checkout's: nothing it names differs
+        assert "code: src/ and conf/ are the record's commit" in out
+        assert out.strip().splitlines()[-1].startswith("so: nothing the record names differs"), out
     kept = Path(out.split("kept: ", 1)[1].splitlines()[0])
     assert (kept / "run" / "csv" / "metrics.csv").is_file()  # the rerun kept for a look
     shutil.rmtree(kept)
@@ -102,18 +112,59 @@ def test_bad_arguments_are_one_line_errors(smoke, capsys):
                       (["--verify", "pre-s1", "--status"], "error: --verify: trains a copy of one record")):
         code, out, err = study(capsys, *base, *args)
         assert code == 2 and err.startswith(msg) and len(err.strip().splitlines()) == 1, err
+    code, out, err = study(capsys, "nosuch_study", "--verify", "pre-s1")  # a bad NAME: the studies
+    assert code == 2 and err.startswith("error: study 'nosuch_study': no such study (allowed: ") and "deep_bleu" in err
+    code, out, err = study(capsys, "output_change", "--verify", "pre-s1")  # a probe: the studies with runs
+    assert code == 2 and err.startswith("error: --verify: output_change is a probe study: it records no training "
+                                        "runs (allowed: ") and "deep_bleu" in err and "output_change," not in err, err
 
 
-def test_steps_before_the_first_logged_loss_are_an_error(smoke, tmp_path, capsys):
+def test_steps_before_the_first_logged_loss_rerun_to_it(smoke, tmp_path, capsys):
     base, record = smoke
     sparse = tmp_path / "pre-s1"
-    shutil.copytree(record, sparse)  # as a full-budget record: a loss every 25 steps, the first at 25
+    shutil.copytree(record, sparse)  # as a full-budget record logs (every 25 steps): its first loss at step 4
     lines = (sparse / "metrics.csv").read_text().splitlines()
-    (sparse / "metrics.csv").write_text("\n".join([lines[0]] + [ln.replace(",0,", ",24,", 1) for ln in lines[1:2]]) + "\n")
-    code, out, err = study(capsys, *base, "--verify", sparse, "--steps", 20)
-    assert code == 2 and err.strip() == (
-        "error: --steps: 20: pre-s1 logged its first loss at step 25 (metrics.csv step 24): nothing to compare "
-        "before it (allowed: 25 or more)"), err
+    (sparse / "metrics.csv").write_text("\n".join([lines[0]] + [ln for ln in lines[1:] if ln.split(",")[1] == "3"]) + "\n")
+    code, out, err = study(capsys, *base, "--verify", sparse, "--steps", 2)
+    assert code == 0, out + err
+    assert out.startswith("rerunning the first 4 steps of ") and "--steps 2: pre-s1 logged its first loss at step 4, so 4" in out
+    assert "verified: 1 of 1 logged losses equal to the bit (train/loss, train/nll at metrics.csv steps 3..3)" in out
+
+
+def _exported_head(monkeypatch, strip_stop_at=False):
+    """The record's commit (HEAD) as one this checkout differs from, so verify exports it; with
+    strip_stop_at, exported as code from before stop_at_step (paused by SIGTERM, pause_at.py)."""
+    head = code_version()["commit"]
+    monkeypatch.setattr(provenance, "changed_since", lambda c: ["src/normlab/x.py"] if c == head else None)
+    real = provenance.export_code
+
+    def export(commit, dest):
+        ok = real(commit, dest)
+        pre = Path(dest) / "conf" / "callbacks" / "preemption.yaml"
+        if strip_stop_at:
+            pre.write_text("".join(ln for ln in pre.read_text().splitlines(True) if "stop_at_step" not in ln))
+        return ok
+    monkeypatch.setattr(provenance, "export_code", export)
+    monkeypatch.setattr(verify_mod.shutil, "rmtree", lambda *a, **k: None)  # keep the verified rerun for a look
+    return head
+
+
+@pytest.mark.skipif(code_version()["dirty"] is not False, reason="HEAD is not the code that trained the record")
+def test_a_record_of_another_commit_reruns_at_its_code_paused_by_sigterm_before_stop_at_step(smoke, capsys,
+                                                                                            monkeypatch):
+    base, record = smoke
+    head = _exported_head(monkeypatch, strip_stop_at=True)
+    code, out, err = study(capsys, *base, "--verify", "pre-s1", "--steps", 3)
+    assert code == 0, out + err
+    assert (f"at the record's commit {head[:8]} (its src/ and conf/ from git: this checkout's differ in 1 file(s)), "
+            "paused by SIGTERM after the steps (it has no stop_at_step)") in out
+    assert "verified: 3 of 3 logged losses equal to the bit" in out
+    run_dir = Path(re.search(r" in (\S+) \(", out).group(1))
+    mine = json.loads((run_dir / "run" / "results.json").read_text())
+    # the exported code ran (no .git beside it: it names no commit), paused by its preemption path
+    assert mine["code"]["commit"] is None and mine["status"] == "preempted" and mine["steps"] in (3, 4), mine
+    assert (run_dir / "code" / "pause" / "normlab_verify_pause.py").is_file()
+    shutil.rmtree(run_dir)
 
 
 # ---- the pieces, without training -------------------------------------------------------------
@@ -145,6 +196,12 @@ def test_the_rerun_takes_the_records_threads_and_kernel_path():
     # no thread count recorded: the study's split of this machine for the record's jobs
     env, notes = rerun_env({"study": {"jobs": 2}}, here, {})
     assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2)) and "names no thread count" in notes[0]
+    # ... nor its jobs (one job: torch's own count, or the one this environment sets)
+    env, notes = rerun_env({"study": {}}, here, {})
+    assert "OMP_NUM_THREADS" not in env and notes == ["the record names no thread count: rerun with torch's default"]
+    env, notes = rerun_env({"study": {}}, here, {"OMP_NUM_THREADS": "1"})
+    assert env["OMP_NUM_THREADS"] == "1" and notes == [
+        "the record names no thread count: rerun with OMP_NUM_THREADS=1 as set here"]
 
 
 def test_reasons_name_what_the_record_lacks_or_had_otherwise():
@@ -155,13 +212,98 @@ def test_reasons_name_what_the_record_lacks_or_had_otherwise():
     assert lines[0].startswith("code: the record names none: trained before its code was recorded")
     assert lines[1].startswith("kernel path: the record names none (trained before results.json had `cpu`")
     assert len(lines) == 2  # same settings, same thread count
+    assert conclusion(old, mine, 20, RerunCode([])) == ("so: not reproducible to the bit here: the rerun lacks the "
+                                                        "code it trained at (not recorded); its kernel path (not recorded)")
     first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
                            text=True).stdout.split()[0]
     other = {"identity_hash": "bbbb", "code": {"commit": first, "torch": "0.1"}, "cpu": {"model": "X", "capability": "AVX512"},
              "device": "cpu: x86_64, X, AVX512 kernels, 8 cores, 4 threads"}
     lines = reasons(other, mine, 20)
     assert lines[0].startswith("settings: the record's overrides compose to another run here (identity aaaa, recorded bbbb)")
-    assert lines[1].startswith(f"code: the record's commit is {first[:8]}, this rerun's ") and "differ (" in lines[1]
-    assert lines[2] == f"torch: the record's 0.1, this rerun's {mine['code']['torch']}"
-    assert lines[3].startswith("kernel path: the record's X, AVX512 kernels") and lines[4] == "threads: record 4, rerun 1"
+    assert lines[1].startswith("code: the record names its last leg's code only (trained before results.json had code_legs)")
+    assert lines[2].startswith(f"code: the record's commit is {first[:8]}, this rerun's ") and "differ (" in lines[2]
+    assert lines[3] == f"torch: the record's 0.1, this rerun's {mine['code']['torch']}"
+    assert lines[4].startswith("kernel path: the record's X, AVX512 kernels") and lines[5] == "threads: record 4, rerun 1"
     assert changed_since("0" * 40) is None  # not in this clone
+    # rerun at the record's commit: the code is not a cause, what is left is the CPU
+    at = RerunCode([], commit=first, root=Path("x"))
+    same = {**other, "identity_hash": "aaaa", "code_legs": [{"from_step": 0, "commit": first, "dirty": False}]}
+    assert reasons(same, mine, 20, None, at)[0] == f"code: rerun at the record's commit {first[:8]}: not a cause"
+    assert conclusion(same, mine, 20, at) == "so: not reproducible to the bit here: the rerun lacks its CPU's kernel path"
+    exact = {**same, "cpu": mine["cpu"], "device": mine["device"]}
+    assert conclusion(exact, mine, 20, at).startswith("so: nothing the record names differs")
+    dirty = {**exact, "code_legs": [{"from_step": 0, "commit": first, "dirty": True}]}
+    assert conclusion(dirty, mine, 20, RerunCode([])).endswith("the rerun lacks its uncommitted changes")
+
+
+def test_the_legs_that_trained_the_first_steps():
+    legs = [{"from_step": 0, "commit": "a", "dirty": False}, {"from_step": 4, "commit": "b", "dirty": False},
+            {"from_step": 30, "commit": "c", "dirty": False}]
+    assert [(g["commit"], g["n"]) for g in record_legs({"code_legs": legs}, 25)] == [("a", 4), ("b", 21)]
+    assert [(g["commit"], g["n"]) for g in record_legs({"code_legs": legs}, 3)] == [("a", 3)]
+    # before code_legs: the record's code (its last leg's) from step 0; before `code`: none
+    assert record_legs({"code": {"commit": "z", "dirty": False}}, 25) == [{"from_step": 0, "commit": "z", "dirty": False,
+                                                                          "n": 25}]
+    assert record_legs({}, 25) == [{"from_step": 0, "commit": None, "n": 25}]
+
+
+def test_steps_to_compare():
+    logged = {24: {"train/loss": "8.5"}, 49: {"train/loss": "7.4"}}
+    assert steps_to_compare(logged, 50, "r") == (50, [])
+    assert steps_to_compare(logged, 25, "r") == (25, [])  # metrics.csv step 24: the loss of step 25
+    assert steps_to_compare(logged, 20, "r") == (25, ["--steps 20: r logged its first loss at step 25, so 25"])
+
+
+def test_which_code_the_rerun_runs(tmp_path, monkeypatch):
+    def fake_export(stop_at: bool):
+        def export(commit, dest):
+            (Path(dest) / "conf" / "callbacks").mkdir(parents=True)
+            (Path(dest) / "conf" / "callbacks" / "preemption.yaml").write_text(
+                "preemption:\n  signals: [SIGTERM]\n" + ("  stop_at_step: null\n" if stop_at else ""))
+            return True
+        return export
+
+    legs = {"code_legs": [{"from_step": 0, "commit": "a" * 40, "dirty": False},
+                          {"from_step": 5, "commit": "b" * 40, "dirty": False}]}
+    monkeypatch.setattr(provenance, "changed_since", lambda c: ["src/normlab/x.py"])
+    monkeypatch.setattr(provenance, "export_code", fake_export(stop_at=True))
+    code = rerun_code(legs, 25, tmp_path / "new")  # the leg that trained most of the 25 steps: b
+    assert (code.commit, code.root, code.by_signal) == ("b" * 40, tmp_path / "new", False)
+    assert code.pause == ["callbacks.preemption.stop_at_step=25"]
+    assert rerun_code(legs, 4, tmp_path / "new4").commit == "a" * 40
+    monkeypatch.setattr(provenance, "export_code", fake_export(stop_at=False))  # code before stop_at_step
+    code = rerun_code(legs, 25, tmp_path / "old")
+    assert code.by_signal and code.pause == ["+callbacks.verify_pause._target_=normlab_verify_pause.PauseAt",
+                                             "+callbacks.verify_pause.step=25"]
+    assert (tmp_path / "old" / "pause" / "normlab_verify_pause.py").read_text() == \
+        (ROOT / "src" / "normlab" / "study" / "pause_at.py").read_text()
+    # this checkout's code: the same as the record's, a commit not in this clone, uncommitted changes, none named
+    for changed, res in (([], legs), (None, legs), (["x"], {"code_legs": [{**legs["code_legs"][0], "dirty": True}]}),
+                         (["x"], {})):
+        monkeypatch.setattr(provenance, "changed_since", lambda c, changed=changed: changed)
+        code = rerun_code(res, 25, tmp_path / "here")
+        assert code.root is None and code.pause == ["callbacks.preemption.stop_at_step=25"], (changed, res)
+    assert not (tmp_path / "here").exists()
+
+
+def test_first_committed_follows_renames_not_similar_records(tmp_path, monkeypatch):
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True,  # noqa: E731
+                                    text=True).stdout.strip()
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    record = "".join(f'"key{i}": {i},\n' for i in range(40))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text("{" + record + '"seed": 1}\n')
+    git("add", ".")
+    git("commit", "-qm", "a record")
+    (tmp_path / "old").mkdir()  # another record, alike, added as the first is deleted
+    (tmp_path / "old" / "results.json").write_text("{" + record + '"seed": 2}\n')
+    git("rm", "-q", "a/results.json")
+    git("add", ".")
+    git("commit", "-qm", "a second record replaces the first")
+    added = git("rev-parse", "--short=8", "HEAD")
+    git("mv", "old", "new")
+    git("commit", "-qm", "the study's folder moved")
+    monkeypatch.setattr(provenance, "ROOT", tmp_path.resolve())
+    assert first_committed(tmp_path / "new" / "results.json").startswith(f"{added} on ")

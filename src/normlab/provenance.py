@@ -66,12 +66,43 @@ def changed_since(commit: str) -> list[str] | None:
     return sorted({line for line in (changed + "\n" + new).splitlines() if line.strip()})
 
 
+def code_differs(a: str, b: str) -> list[str] | None:
+    """The files under src/ and conf/ that differ between two commits ([]: the same code); None when
+    git cannot say (a commit not in this clone)."""
+    out = _git("diff", "--name-only", a, b, "--", "src", "conf") if (ROOT / ".git").exists() else None
+    return None if out is None else [line for line in out.splitlines() if line.strip()]
+
+
 def first_committed(path: Path) -> str | None:
     """The commit that first added `path` to this clone and its date ("abc12345 on 2026-11-25"):
-    for a record that names no code, the newest code it can have trained at. None: not in git."""
+    for a record that names no code, the newest code it can have trained at. Through renames of the
+    file as it is (a study's folder moved), never through a similar file: records are alike, and
+    git's usual 50% would follow one record added as another was deleted. None: not in git."""
     try:
         rel = Path(path).resolve().relative_to(ROOT)
     except ValueError:
         return None
-    out = _git("log", "--diff-filter=A", "--format=%h on %cs", "--abbrev=8", "--", str(rel))
+    out = _git("log", "--follow", "-M100%", "--diff-filter=A", "--format=%h on %cs", "--abbrev=8", "--", str(rel))
     return out.splitlines()[-1] if out else None
+
+
+def export_code(commit: str, dest: Path) -> bool:
+    """src/ and conf/ as `commit` has them, written under `dest` (git archive): the code a record
+    trained at, to run beside this checkout's. False when git cannot give them."""
+    if not (ROOT / ".git").exists():
+        return False
+    try:
+        archive = subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), "archive", "--format=tar", commit,
+                                  "src", "conf"], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if archive.returncode != 0:
+        return False
+    import io
+    import tarfile
+
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        # git's own tree: plain files and folders (the "data" filter where this Python has it, 3.10.12+)
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return (Path(dest) / "src" / "normlab").is_dir() and (Path(dest) / "conf" / "config.yaml").is_file()

@@ -50,11 +50,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "now, stopped part-way, failed, not started) and the machine-hours left; runs and writes nothing")
     ap.add_argument("--verify", metavar="RUN", default=None,
                     help="rerun the first --steps optimizer steps of a record (its name, e.g. pre_ln-s1, or its "
-                         "folder) at its recorded settings and thread count in a temporary folder, and compare "
-                         "every training loss it logged in them to the bit: exit 0 equal, 1 different (with the "
-                         "step, both values and what differs from the record's code and CPU)")
+                         "folder) at its recorded settings, thread count, kernel path and code (its commit's, "
+                         "from git, where this checkout's differ) in a temporary folder, and compare every "
+                         "training loss it logged in them to the bit: exit 0 equal, 1 different (with the step, "
+                         "both values, and what the rerun could not take from the record)")
     ap.add_argument("--steps", type=int, default=None, help="with --verify: the optimizer steps to rerun "
-                    f"(default {VERIFY_STEPS}; the record's logged steps below it are compared)")
+                    f"(default {VERIFY_STEPS}, or up to the first loss the record logged; its losses logged "
+                    "before it are compared)")
     ap.add_argument("--list", action="store_true", help="list the studies")
     args = ap.parse_args(argv)
     if args.steps is not None and args.verify is None:
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         from normlab.study.verify import find_record, verify
 
         if study.kind == "probe":
-            raise UserError("--verify", f"{study.name} is a probe study: it records no training runs")
+            raise UserError("--verify", f"{study.name} is a probe study: it records no training runs",
+                            [n for n in available() if load_study(n).kind != "probe"])
         return verify(find_record(out, args.verify), args.steps, args.launch)
     if args.status:
         return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)

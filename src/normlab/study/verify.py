@@ -1,15 +1,18 @@
 """Check a record by rerunning it: `normlab-study NAME --verify RUN [--steps N]` trains the first N
 optimizer steps of the record's run again, at its recorded settings (results.json `study.overrides`),
-thread count (`device`) and kernel path where this CPU has it (`cpu`), into a temporary folder (never
-the study's run folders), and compares every training loss the record logged in those steps
-(metrics.csv train/loss and train/nll, every trainer.log_every_n_steps) with the rerun's, to the bit.
+thread count (`device`), kernel path where this CPU has it (`cpu`) and code (`code_legs`: where this
+checkout's src/ or conf/ differ from the record's commit, that commit's, exported from git), into a
+temporary folder (never the study's run folders), and compares every training loss the record
+logged in those steps (metrics.csv train/loss and train/nll, every trainer.log_every_n_steps) with
+the rerun's, to the bit.
 
 The rerun is the run itself, paused: `callbacks.preemption.stop_at_step=N` is not part of the
 identity and changes nothing before step N (trainer.max_steps=N would move every schedule read from
-it). fp32 training is the same to the bit only for the same code, seed, thread count and CPU kernel
-path (hardware.py), so a difference comes with what this rerun had that the record did not: another
-commit (and whether src/ and conf/ differ from it), another kernel path or CPU, a record that names
-neither (trained before they were recorded), another torch.
+it); code from before stop_at_step is paused by its own preemption path (pause_at.py). fp32
+training is the same to the bit only for the same code, seed, thread count and CPU kernel path
+(hardware.py), so a difference is explained by what the rerun could not take from the record
+(verify_why.py): a record that names no code or no CPU (trained before they were recorded), a
+commit not in this clone, a kernel path this CPU does not have.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,8 +83,9 @@ def rerun_env(res: dict, here: dict, env: dict | None = None) -> tuple[dict, lis
     if threads is None:  # the Sweep's split of this machine for the record's jobs
         jobs = int((res.get("study") or {}).get("jobs") or 1)
         threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+        mine = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} as set here" if env.get("OMP_NUM_THREADS") else "torch's default"
         notes.append("the record names no thread count: rerun with "
-                     + (f"{threads} (this machine's cores over its {jobs} jobs)" if threads else "torch's default"))
+                     + (f"{threads} (this machine's cores over its {jobs} jobs)" if threads else mine))
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cpu = res.get("cpu") if isinstance(res.get("cpu"), dict) else {}
@@ -97,11 +102,74 @@ def rerun_env(res: dict, here: dict, env: dict | None = None) -> tuple[dict, lis
     return env, notes
 
 
-def train_command(res: dict, steps: int, run_dir: Path, launch: list[str] = ()) -> list[str]:
-    """The record's run (its overrides), paused after `steps` (not identity), logged to CSV only."""
+def steps_to_compare(theirs: dict[int, dict[str, str]], steps: int, name: str) -> tuple[int, list[str]]:
+    """`steps`, or the first step the record logged a loss at if it logged none before (a record logs
+    every trainer.log_every_n_steps, 25 in the studies: --steps 20 would compare nothing)."""
+    first = min(theirs) + 1  # metrics.csv's step k is the loss of optimizer step k + 1
+    if first <= steps:
+        return steps, []
+    return first, [f"--steps {steps}: {name} logged its first loss at step {first}, so {first}"]
+
+
+@dataclass
+class RerunCode:
+    """The code the rerun runs: this checkout's (root None), or the record's commit's src/ and conf/
+    exported under root, and how it is paused after the steps."""
+    pause: list[str]
+    commit: str | None = None  # the record's commit when the rerun runs its code
+    root: Path | None = None
+    by_signal: bool = False  # paused by pause_at.py (code before stop_at_step): exit 143, "preempted"
+    notes: list[str] = field(default_factory=list)
+
+
+def record_legs(res: dict, steps: int) -> list[dict]:
+    """The legs of the record's code (provenance.code_legs) that trained some of its first `steps`
+    steps, each with `n`, how many; a record from before code_legs: its code (its last leg's, or
+    none) from step 0."""
+    legs = res.get("code_legs") if isinstance(res.get("code_legs"), list) else None
+    legs = sorted(legs or [{"from_step": 0, **(res.get("code") or {"commit": None})}],
+                  key=lambda g: int(g.get("from_step") or 0))
+    ends = [int(g.get("from_step") or 0) for g in legs[1:]] + [steps]
+    return [{**g, "n": min(end, steps) - int(g.get("from_step") or 0)}
+            for g, end in zip(legs, ends) if int(g.get("from_step") or 0) < steps]
+
+
+def rerun_code(res: dict, steps: int, dest: Path) -> RerunCode:
+    """The record's commit's code where this checkout's src/ or conf/ differ from it (the commit of
+    the leg that trained most of the steps), else this checkout's. A record that names no commit, one
+    not in this clone or one with uncommitted changes is rerun here (verify_why says what that
+    leaves open)."""
+    from normlab.provenance import changed_since, export_code
+
+    here = RerunCode([f"callbacks.preemption.stop_at_step={steps}"])  # a pause: not identity, nothing moves
+    legs = record_legs(res, steps)
+    if not legs or not all(g.get("commit") for g in legs):
+        return here
+    commit = max(legs, key=lambda g: g["n"])["commit"]
+    changed = changed_since(commit)
+    # None: not in this clone; []: this checkout runs its code; a commit with uncommitted changes is
+    # not the record's code either (this checkout's may be: a record trained from this working tree)
+    if not changed or any(g.get("dirty") for g in legs):
+        return here
+    if not export_code(commit, dest):
+        here.notes.append(f"git could not export {commit[:8]}'s src/ and conf/: rerun at this checkout's code")
+        return here
+    note = f"at the record's commit {commit[:8]} (its src/ and conf/ from git: this checkout's differ in {len(changed)} file(s))"
+    if "stop_at_step" in (dest / "conf" / "callbacks" / "preemption.yaml").read_text(errors="replace"):
+        return RerunCode(here.pause, commit, dest, notes=[note])
+    (dest / "pause").mkdir()
+    shutil.copy(Path(__file__).with_name("pause_at.py"), dest / "pause" / "normlab_verify_pause.py")
+    return RerunCode(["+callbacks.verify_pause._target_=normlab_verify_pause.PauseAt",
+                      f"+callbacks.verify_pause.step={steps}"], commit, dest, by_signal=True,
+                     notes=[note + ", paused by SIGTERM after the steps (it has no stop_at_step)"])
+
+
+def train_command(res: dict, steps: int, run_dir: Path, launch: list[str] = (), pause: list[str] | None = None) -> list[str]:
+    """The record's run (its overrides), paused after `steps`, logged to CSV only."""
     overrides = list((res.get("study") or {}).get("overrides") or [])
-    return [sys.executable, "-m", "normlab.commands.train", *overrides, *launch,
-            f"callbacks.preemption.stop_at_step={steps}", "logger=csv", f"hydra.run.dir={run_dir}"]
+    pause = [f"callbacks.preemption.stop_at_step={steps}"] if pause is None else pause
+    return [sys.executable, "-m", "normlab.commands.train", *overrides, *launch, *pause, "logger=csv",
+            f"hydra.run.dir={run_dir}"]
 
 
 def compare(theirs: dict[int, dict[str, str]], ours: dict[int, dict[str, str]], steps: int) -> Verdict:
@@ -123,8 +191,9 @@ def compare(theirs: dict[int, dict[str, str]], ours: dict[int, dict[str, str]], 
 
 def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     """0: every logged loss equal; 1: one differs (or the rerun logged none); raises UserError for a
-    record that cannot be checked."""
+    record that cannot be checked or a rerun that failed (its folder kept)."""
     from normlab.hardware import cpu_info
+    from normlab.study.verify_why import conclusion, reasons
 
     res = json.loads((record / "results.json").read_text())
     if not (record / "metrics.csv").is_file() or not (res.get("study") or {}).get("overrides"):
@@ -132,19 +201,21 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     theirs = logged_losses(record / "metrics.csv")
     if not theirs:
         raise UserError(f"{record}/metrics.csv", "no training loss logged")
-    if min(theirs) >= steps:  # metrics.csv's step k is the loss of optimizer step k + 1
-        first = min(theirs) + 1
-        raise UserError("--steps", f"{steps}: {record.name} logged its first loss at step {first} (metrics.csv step "
-                                   f"{first - 1}): nothing to compare before it", f"{first} or more")
-    env, notes = rerun_env(res, cpu_info())
+    steps, notes = steps_to_compare(theirs, steps, record.name)
+    env, env_notes = rerun_env(res, cpu_info())
     run_dir = Path(tempfile.mkdtemp(prefix=f"normlab-verify-{record.name}-"))
-    cmd = train_command(res, steps, run_dir / "run", launch)
+    code = rerun_code(res, steps, run_dir / "code")
+    if code.root is not None:  # the record's own code, not this checkout's (nor the user's PYTHONPATH)
+        env["PYTHONPATH"] = os.pathsep.join(str(code.root / d) for d in ("src", "pause") if (code.root / d).is_dir())
+    cmd = train_command(res, steps, run_dir / "run", launch, code.pause)
     say(f"rerunning the first {steps} steps of {record} in {run_dir} "
-        f"({env.get('OMP_NUM_THREADS', 'default')} thread(s)){''.join(f'; {n}' for n in notes)}")
+        f"({env.get('OMP_NUM_THREADS', 'default')} thread(s))"
+        + "".join(f"; {n}" for n in notes + code.notes + env_notes))
     with open(run_dir / "train.log", "w", encoding="utf-8") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     mine = _read_json(run_dir / "run" / "results.json")
-    if proc.returncode != 0 or mine.get("status") in (None, "failed", "interrupted"):
+    paused = proc.returncode == 0 or (code.by_signal and proc.returncode == 128 + signal.SIGTERM)
+    if not paused or mine.get("status") in (None, "failed", "interrupted"):
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError("--verify", f"the rerun failed (exit {proc.returncode}): {tail[0][:200]} "
                                     f"(log: {run_dir / 'train.log'})")
@@ -154,10 +225,10 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         say(verdict.lines[0])
         return 0
-    for line in verdict.lines + [f"kept: {run_dir}", "why it may differ:"]:
+    why = reasons(res, mine, steps, record, code)
+    for line in verdict.lines + [f"kept: {run_dir}", "why it may differ:"] + [f"  - {r}" for r in why]:
         say(line)
-    for reason in reasons(res, mine, steps, record):
-        say(f"  - {reason}")
+    say(conclusion(res, mine, steps, code))
     return 1
 
 
@@ -166,72 +237,3 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def reasons(res: dict, mine: dict, steps: int, record: Path | None = None) -> list[str]:
-    """What the record's first `steps` steps ran with that this rerun (`mine`: its results.json) did
-    not, or does not know: the causes a difference can have, each a line (`record`: its folder)."""
-    from normlab.hardware import cpu_text
-
-    out = []
-    if res.get("identity_hash") and mine.get("identity_hash") and res["identity_hash"] != mine["identity_hash"]:
-        out.append(f"settings: the record's overrides compose to another run here (identity {mine['identity_hash']}, "
-                   f"recorded {res['identity_hash']}): conf/ or a default changed since")
-    out += _code_reasons(res, mine.get("code") or {}, steps, record)
-    theirs_cpu, ours_cpu = res.get("cpu"), mine.get("cpu") or {}
-    if not isinstance(theirs_cpu, dict):
-        out.append(f"kernel path: the record names none (trained before results.json had `cpu`; its device: "
-                   f"{res.get('device') or 'not recorded'}); this rerun's: {cpu_text(ours_cpu)}. On another CPU "
-                   "or kernel path fp32 sums round otherwise")
-    elif any(theirs_cpu.get(k) != ours_cpu.get(k) for k in ("model", "isa", "capability", "mkl", "onednn")):
-        out.append(f"kernel path: the record's {cpu_text(theirs_cpu)} ({theirs_cpu.get('isa')}; MKL "
-                   f"{theirs_cpu.get('mkl')}; oneDNN {theirs_cpu.get('onednn')}), this rerun's {cpu_text(ours_cpu)} "
-                   f"({ours_cpu.get('isa')}; MKL {ours_cpu.get('mkl')}; oneDNN {ours_cpu.get('onednn')})")
-    else:
-        out.append(f"kernel path: the record's ({cpu_text(ours_cpu)}): not a cause")
-    theirs_t, ours_t = recorded_threads(res), recorded_threads(mine)
-    if theirs_t is None:
-        out.append(f"threads: the record names none (its device: {res.get('device') or 'not recorded'}); "
-                   f"this rerun: {ours_t}")
-    elif theirs_t != ours_t:
-        out.append(f"threads: record {theirs_t}, rerun {ours_t}")
-    kind = lambda r: str(r.get("device") or "").partition(":")[0]  # noqa: E731
-    if kind(res) and kind(mine) and kind(res) != kind(mine):
-        out.append(f"device: the record trained on {kind(res)} ({res.get('device')}), the rerun on {kind(mine)}")
-    return out
-
-
-def _code_reasons(res: dict, here: dict, steps: int, record: Path | None) -> list[str]:
-    """The record's code for its first `steps` steps (every leg that trained some of them) against
-    the rerun's: the commit, whether src/ and conf/ differ from it, uncommitted changes, torch."""
-    from normlab.provenance import changed_since, first_committed
-
-    legs = res.get("code_legs") if isinstance(res.get("code_legs"), list) else None
-    if not legs:  # a record from before code_legs: its (last) leg's code, if any
-        legs = [{"from_step": 0, **(res.get("code") or {"commit": None})}]
-    out = []
-    for leg in [g for g in legs if int(g.get("from_step") or 0) < steps]:
-        commit, since = leg.get("commit"), f" (steps from {leg.get('from_step')})" if len(legs) > 1 else ""
-        if not commit:
-            added = first_committed(record / "results.json") if record is not None else None
-            out.append(f"code: the record names none{since}: trained before its code was recorded, so there is "
-                       "no commit to rerun it at" + (f" (the record was first committed in {added}: its code is "
-                                                     "that commit's or older)" if added else ""))
-            continue
-        changed = changed_since(commit)
-        if changed is None:
-            out.append(f"code: the record's commit {commit[:8]}{since} is not in this clone")
-        elif changed:
-            out.append(f"code: the record's commit is {commit[:8]}{since}, this rerun's {str(here.get('commit'))[:8]}"
-                       f"{' with uncommitted changes' if here.get('dirty') else ''}: {len(changed)} file(s) under "
-                       f"src/ and conf/ differ ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
-                       f"to rerun at its code: git worktree add <dir> {commit[:8]}, then this command there")
-        else:
-            out.append(f"code: src/ and conf/ are the record's commit {commit[:8]}'s{since}: not a cause")
-        if leg.get("dirty"):
-            out.append(f"code: the record's commit {commit[:8]} had uncommitted changes in src/ or conf/ "
-                       "(not reproducible from the commit alone)")
-    theirs_torch = (res.get("code") or {}).get("torch")
-    if theirs_torch and here.get("torch") and theirs_torch != here["torch"]:
-        out.append(f"torch: the record's {theirs_torch}, this rerun's {here['torch']}")
-    return out
