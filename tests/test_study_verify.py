@@ -101,7 +101,7 @@ def test_an_altered_record_fails_naming_the_step_and_both_values(smoke, tmp_path
     shutil.rmtree(kept)
 
 
-def test_bad_arguments_are_one_line_errors(smoke, capsys):
+def test_bad_arguments_are_one_line_errors(smoke, tmp_path, capsys):
     base, record = smoke
     r = run_study(*base, "--verify", "nosuch")
     assert r.returncode == 2 and r.stderr.startswith("error: --verify: 'nosuch' is not a record of ") and "Traceback" \
@@ -112,6 +112,12 @@ def test_bad_arguments_are_one_line_errors(smoke, capsys):
                       (["--verify", "pre-s1", "--status"], "error: --verify: trains a copy of one record")):
         code, out, err = study(capsys, *base, *args)
         assert code == 2 and err.startswith(msg) and len(err.strip().splitlines()) == 1, err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "results.json").write_text("{not json")
+    code, out, err = study(capsys, *base, "--verify", broken)
+    assert code == 2 and err.startswith(f"error: {broken}/results.json: not a readable record: ") and \
+        len(err.strip().splitlines()) == 1, err
     code, out, err = study(capsys, "nosuch_study", "--verify", "pre-s1")  # a bad NAME: the studies
     assert code == 2 and err.startswith("error: study 'nosuch_study': no such study (allowed: ") and "deep_bleu" in err
     code, out, err = study(capsys, "output_change", "--verify", "pre-s1")  # a probe: the studies with runs

@@ -83,7 +83,8 @@ def rerun_env(res: dict, here: dict, env: dict | None = None) -> tuple[dict, lis
     if threads is None:  # the Sweep's split of this machine for the record's jobs
         jobs = int((res.get("study") or {}).get("jobs") or 1)
         threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-        mine = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} as set here" if env.get("OMP_NUM_THREADS") else "torch's default"
+        mine = (f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} as set here" if env.get("OMP_NUM_THREADS")
+                else "torch's default")
         notes.append("the record names no thread count: rerun with "
                      + (f"{threads} (this machine's cores over its {jobs} jobs)" if threads else mine))
     if threads is not None:
@@ -154,7 +155,8 @@ def rerun_code(res: dict, steps: int, dest: Path) -> RerunCode:
     if not export_code(commit, dest):
         here.notes.append(f"git could not export {commit[:8]}'s src/ and conf/: rerun at this checkout's code")
         return here
-    note = f"at the record's commit {commit[:8]} (its src/ and conf/ from git: this checkout's differ in {len(changed)} file(s))"
+    note = (f"at the record's commit {commit[:8]} (its src/ and conf/ from git: this checkout's differ in "
+            f"{len(changed)} file(s))")
     if "stop_at_step" in (dest / "conf" / "callbacks" / "preemption.yaml").read_text(errors="replace"):
         return RerunCode(here.pause, commit, dest, notes=[note])
     (dest / "pause").mkdir()
@@ -164,7 +166,8 @@ def rerun_code(res: dict, steps: int, dest: Path) -> RerunCode:
                      notes=[note + ", paused by SIGTERM after the steps (it has no stop_at_step)"])
 
 
-def train_command(res: dict, steps: int, run_dir: Path, launch: list[str] = (), pause: list[str] | None = None) -> list[str]:
+def train_command(res: dict, steps: int, run_dir: Path, launch: list[str] = (),
+                  pause: list[str] | None = None) -> list[str]:
     """The record's run (its overrides), paused after `steps`, logged to CSV only."""
     overrides = list((res.get("study") or {}).get("overrides") or [])
     pause = [f"callbacks.preemption.stop_at_step={steps}"] if pause is None else pause
@@ -195,7 +198,10 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     from normlab.hardware import cpu_info
     from normlab.study.verify_why import conclusion, reasons
 
-    res = json.loads((record / "results.json").read_text())
+    try:
+        res = json.loads((record / "results.json").read_text())
+    except ValueError as e:
+        raise UserError(f"{record}/results.json", f"not a readable record: {e}") from None
     if not (record / "metrics.csv").is_file() or not (res.get("study") or {}).get("overrides"):
         raise UserError(f"{record}", "a record without metrics.csv or study.overrides cannot be rerun")
     theirs = logged_losses(record / "metrics.csv")

@@ -122,8 +122,8 @@ def conclusion(res: dict, mine: dict, steps: int, code: RerunCode) -> str:
         left.append("the code it trained at (not recorded)")
     elif code.commit is None and any(changed_since(g["commit"]) is None for g in legs):
         left.append("its commit (not in this clone)")
-    elif code.commit is None and any(changed_since(g["commit"]) for g in legs):
-        left.append("its code (git could not export it)")
+    elif code.commit is None and not any(g.get("dirty") for g in legs) and any(changed_since(g["commit"]) for g in legs):
+        left.append("its code (git could not export it)")  # (a dirty commit is rerun here: verify.rerun_code)
     elif code.commit is not None and any(g["commit"] != code.commit and code_differs(code.commit, g["commit"]) != []
                                          for g in legs):
         left.append("the code of its steps trained at another commit")
