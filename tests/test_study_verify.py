@@ -170,6 +170,7 @@ def test_a_record_of_another_commit_reruns_at_its_code_paused_by_sigterm_before_
     # the exported code ran (no .git beside it: it names no commit), paused by its preemption path
     assert mine["code"]["commit"] is None and mine["status"] == "preempted" and mine["steps"] in (3, 4), mine
     assert (run_dir / "code" / "pause" / "normlab_verify_pause.py").is_file()
+    monkeypatch.undo()  # rmtree again
     shutil.rmtree(run_dir)
 
 
