@@ -55,7 +55,7 @@ def train(overrides: list[str], run_dir: Path, threads: int, src: Path = ROOT) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--study", default="deep_bleu")
+    ap.add_argument("--study", default="deep_bleu_2k")
     ap.add_argument("--stalled", default="post_ln", help="the arm that stalls")
     ap.add_argument("--completed", default="pre_ln", help="its twin that trains")
     ap.add_argument("--arms", default="post_ln,pre_ln", help="which of the two to run (a check: one)")

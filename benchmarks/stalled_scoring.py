@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "experiments" / "deep_bleu" / "runs" / "post_ln-s2" / "results.json"
+RECORD = ROOT / "experiments" / "deep_bleu_2k" / "runs" / "post_ln-s2" / "results.json"
 
 
 def setup(args):

@@ -8,11 +8,13 @@ from normlab.study.records import load_records
 from normlab.study.spec import load_study
 
 
-def write_study_file(tmp_path, claims, arms=None, extra="") -> Path:
+def write_study_file(tmp_path, claims, arms=None, extra="", families=None) -> Path:
+    """families: {arm: family} (the arms' `family:` keys); extra: more top-level YAML."""
     arms = arms or {"a": ["norm=prenorm"], "b1": ["norm=postnorm", "optim.lr=1e-3"], "b2": ["norm=postnorm"]}
     lines = ["title: t", "paper: p", "question: q", "seeds: [1, 2, 3]", "arms:"]
     for name, ov in arms.items():
-        lines.append(f"  {name}: {{overrides: [{', '.join(ov)}]}}")
+        family = f", family: {families[name]}" if families and name in families else ""
+        lines.append(f"  {name}: {{overrides: [{', '.join(ov)}]{family}}}")
     lines += ["best_of:", "  b_best: {arms: [b1, b2], by: valid_bleu}", "claims:"]
     for c in claims:
         lines.append("  - " + json.dumps(c))
@@ -34,8 +36,8 @@ def claim(**kw):
             "interval": "t", **kw}
 
 
-def verdicts(tmp_path, claims, rows):
-    study = load_study(str(write_study_file(tmp_path, claims)))
+def verdicts(tmp_path, claims, rows, **study_file):
+    study = load_study(str(write_study_file(tmp_path, claims, **study_file)))
     out = tmp_path / "out"
     for row in rows:
         record(out, *row[:2], **row[2])

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from normlab.errors import UserError
-from normlab.study.readme import BEGIN, END, update_index
+from normlab.study.index import BEGIN, END, update_index
 from normlab.study.records import load_records
 from normlab.study.runner import plan
 from normlab.study.spec import available, load_study
@@ -42,7 +42,8 @@ def test_every_shipped_study_plans(tmp_path):
     for name in STUDIES:
         for budget in ("full", "smoke"):
             study = load_study(name, budget)
-            jobs = plan(study, tmp_path / "runs", tmp_path / "out")
+            chosen = _every_setting_composes(study, tmp_path)
+            jobs = plan(study, tmp_path / "runs", tmp_path / "out", chosen)
             assert len(jobs) == study.planned
             assert len({j.run_name for j in jobs}) == len(jobs)  # every (arm, seed) its own run
             for c in study.claims:
@@ -56,6 +57,25 @@ def test_every_shipped_study_plans(tmp_path):
     assert checked >= 67  # the records committed on 2026-11-26
 
 
+def _every_setting_composes(study, tmp_path) -> dict[str, list[str]]:
+    """A screened study's screen settings compose for every screened arm (its rung runs are valid runs:
+    the grid's corners, its first and last setting, as each compose costs ~0.8 s); returns a choice per
+    screened arm (the last setting) so the study's main runs plan too."""
+    from normlab.study.screen import setting_name
+    from normlab.study.screen_run import screen_jobs
+
+    if study.screen is None:
+        return {}
+    names = [setting_name(s) for s in study.screen.settings()]
+    names = names[:1] + names[-1:]
+    chosen = {}
+    for arm in (a for a in study.arms.values() if study.screened(a)):
+        jobs = screen_jobs(study, arm, tmp_path / "runs", tmp_path / "out", names, study.screen.rungs[0])
+        assert len({j.identity_hash for j in jobs.values()}) == len(set(names))  # each setting its own run
+        chosen[arm.name] = jobs[names[-1]].overrides[-len(study.screen.grid):]
+    return chosen
+
+
 def test_studies_share_identical_arms(tmp_path):
     """The same resolved config is the same run folder in every study (trained once)."""
     lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
@@ -65,7 +85,7 @@ def test_studies_share_identical_arms(tmp_path):
     prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
     drophead = {j.tag: j.run_name for j in plan(load_study("drophead"), tmp_path, tmp_path)}
     assert prune["scratch3 seed 2"] == drophead["none seed 2"]  # the CPU default at 4,000 steps
-    deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu"), tmp_path, tmp_path)}
+    deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu_2k"), tmp_path, tmp_path)}
     recent = {j.tag: j.run_name for j in plan(load_study("deep_recent"), tmp_path, tmp_path)}
     assert deep["pre_ln seed 2"] == recent["pre_ln seed 2"] and deep["post_ln seed 1"] == recent["post_ln seed 1"]
 
@@ -140,7 +160,16 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
          "metric": "test_bleu", "difference": {"mean": 1.5, "low": 0.5, "high": 2.5, "method": "t over 3 paired seeds",
                                                 "paired_seeds": 3}},
         {"claim": "Y fails", "source": "P", "paper": "failed", "verdict": "not run", "better": "y", "than": None,
-         "metric": "test_bleu", "statuses": {"y": {}}, "difference": None}]}))
+         "metric": "test_bleu", "statuses": {"y": {}}, "difference": None},
+        {"claim": "Z beats Y", "source": "P", "paper": "+1", "paper_effect": "+0.83 BLEU", "verdict": "budget-bound",
+         "better": "z", "than": "y", "metric": "test_bleu",
+         "difference": {"mean": 2.0, "low": 1.0, "high": 3.0, "method": "t over 2 paired seeds, df 4.2 + test sentences",
+                        "paired_seeds": 2, "df": 4.2},
+         "variance": {"z": {"source": "family:post"}, "y": {"source": "arm:y"}}},
+        {"claim": "Z trains", "source": "P", "paper": "p", "kind": "trains", "verdict": "learns, far behind",
+         "better": "z", "than": None, "metric": "test_bleu", "statuses": {"z": {"completed": 2}}, "means": {"z": 1.0},
+         "trains_bar": {"reference": "y", "test_bleu": {"arm": 1.0, "reference": 10.0, "ratio": 0.1, "bar": 0.5,
+                                                        "met": False}}}]}))
     (tmp_path / "s2").mkdir()
     (tmp_path / "s2" / "claims.json").write_text(json.dumps({"study": "s2", "budget": "smoke", "claims": []}))
     update_index(index)
@@ -149,8 +178,16 @@ def test_index_table_keeps_the_rest_of_the_page(tmp_path):
     assert text.count(BEGIN) == 1 and text.count("## Every claim, judged") == 0  # the heading was the stale copy's
     assert "| [s1](s1/) | 2 (+1 shared with s0) of 4 runs | 500, 2000 | 2.50 |" in text  # CPU-hours
     assert "| **training studies, total** (a run several studies recorded counts once) | 2 runs | | **2.50** |" in text
-    assert "| [s1](s1/) | X beats Y (x vs y, test_bleu) | P | +1 | +1.50 [0.50, 2.50] (t, 3 seeds) | **held** |" in text
-    assert "| [s1](s1/) | Y fails (y, test_bleu) | P | failed | y: not run | **not run** |" in text
+    # columns: the paper's effect and the interval that decides (an entry judged before it still reads)
+    assert ("| [s1](s1/) | X beats Y (x vs y, test_bleu) | P | +1 | — | +1.50 [0.50, 2.50] | t, 3 seeds (judged "
+            "before the seed-level interval) | **held** |") in text
+    assert "| [s1](s1/) | Y fails (y, test_bleu) | P | failed | — | y: not run | — | **not run** |" in text
+    assert ("| [s1](s1/) | Z beats Y (z vs y, test_bleu) | P | +1 | +0.83 BLEU | +2.00 [1.00, 3.00] | t, 2 seeds, "
+            "df 4.2; pooled: post; + test sentences | **budget-bound** |") in text
+    assert ("| z: completed 2 (test_bleu 1.00); vs y: test BLEU 1.00 = 0.10 x 10.00 (bar 0.5: not met) | how the runs "
+            "ended; bar vs y | **learns, far behind** |") in text
+    assert "| study | claim (A vs B, metric) | source | paper | paper's effect | ours: A − B (95% interval) | " \
+           "interval (decides) | verdict |" in text
 
 
 def run_study(args, timeout=300, **kw):
@@ -303,7 +340,8 @@ def test_a_study_prunes_its_runs_and_judges_pruned_metrics(tmp_path):
         hyps = rec.hypotheses("prune.every_other.r1.test_bleu")  # each pruned model's translations, kept
         assert len(hyps) == prune["sentences"]["test"] and rec.hypotheses("prune.search_on_valid.r1.test_bleu")
     (claim_,) = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
-    assert claim_["verdict"] == "held" and claim_["difference"]["method"] == "t over 2 paired seeds"
+    assert claim_["verdict"] == "held" and claim_["difference"]["method"].startswith("t over 2 paired seeds, df ")
+    assert claim_["variance"]["ld"]["source"] == "paired differences"  # two metrics of the same runs
     # records pruned before pruning kept translations: the same command prunes again, trains nothing
     for rec in recs:
         for f in rec.path.glob("prune.*.test.hyp.gz"):

@@ -13,7 +13,7 @@ from study_files import claim, pairs, record, verdicts, write_study_file
 
 def test_verdicts_follow_the_interval(tmp_path):
     v = verdicts(tmp_path, [claim()], pairs([27.0, 27.2, 26.9], [24.0, 24.1, 24.3]))["c"]
-    assert v.verdict == "held" and v.interval.low > 0 and v.interval.method == "t over 3 paired seeds"
+    assert v.verdict == "held" and v.interval.low > 0 and v.interval.method.startswith("t over 3 paired seeds, df ")
     v = verdicts(tmp_path / "2", [claim()], pairs([24.0, 24.1, 24.3], [27.0, 27.2, 26.9]))["c"]
     assert v.verdict == "contradicted" and v.interval.high < 0
     v = verdicts(tmp_path / "3", [claim()], pairs([27.0, 24.0, 26.0], [26.0, 25.0, 25.5]))["c"]
@@ -171,8 +171,9 @@ def test_end_value_of_a_logged_series(tmp_path):
 
 
 def test_bootstrap_over_pruned_models_translations(tmp_path):
-    """A claim on pruned models' test BLEU is bootstrapped from the translations the record keeps
-    (prune.<strategy>.r<kept>.test.hyp.gz); a record without them falls back to t, and says so."""
+    """A claim on pruned models' test BLEU gets its test-set check (the bootstrap) and its sentence
+    variance from the translations the record keeps (prune.<strategy>.r<kept>.test.hyp.gz); a record
+    without them is judged on the seeds alone, and says so."""
     import gzip
 
     from normlab.study.stats import corpus_bleu, sentence_stats
@@ -197,12 +198,14 @@ def test_bootstrap_over_pruned_models_translations(tmp_path):
               interval="bootstrap")
     study = load_study(str(write_study_file(tmp_path, [c])))
     (v,) = judge(study, load_records(out), refs)
-    assert v.interval.method.startswith("bootstrap") and v.verdict == "held", v.interval
+    assert v.check.method.startswith("bootstrap") and v.verdict == "held", v.check
+    assert v.interval.method.endswith("+ test sentences") and v.interval.se == pytest.approx(v.check.se)
     assert v.interval.diff == pytest.approx(bleu(good) - bleu(bad), abs=0.01)
+    assert v.check.diff == pytest.approx(bleu(good) - bleu(bad), abs=0.01)
     for seed in (1, 2):
         (out / "runs" / f"a-s{seed}" / "prune.every_other.r1.test.hyp.gz").unlink()
     (v,) = judge(study, load_records(out), refs)
-    assert v.interval.method.startswith("t over") and "t interval" in v.note
+    assert v.check is None and v.interval.method.startswith("t over") and "no test-set check" in v.note
 
 
 def test_cost_counts_shared_machine_time_once_and_says_which_seeds_ran(tmp_path):

@@ -52,7 +52,8 @@ def test_a_trains_claim_shows_how_far_its_arm_got(tmp_path):
     in the study's README and in the index of every claim."""
     import json
 
-    from normlab.study.readme import outcome_text, update_index
+    from normlab.study.index import update_index
+    from normlab.study.verdict_text import outcome_text
 
     assert outcome_text({"completed": 2}, 1.364, "test_bleu") == "completed 2 (test_bleu 1.36)"
     assert outcome_text({"stalled": 1}, None, "test_bleu") == "stalled 1"
@@ -62,7 +63,7 @@ def test_a_trains_claim_shows_how_far_its_arm_got(tmp_path):
              "difference": None}
     (tmp_path / "s" / "claims.json").write_text(json.dumps({"study": "s", "budget": "full", "claims": [claim]}))
     update_index(tmp_path / "README.md")
-    assert "| x: completed 1 (test_bleu 1.36) | **held** |" in (tmp_path / "README.md").read_text()
+    assert "| x: completed 1 (test_bleu 1.36) | how the runs ended | **held** |" in (tmp_path / "README.md").read_text()
 
 
 def test_a_study_part_way_says_how_many_runs_it_has():

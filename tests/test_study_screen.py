@@ -116,3 +116,23 @@ def test_the_readme_shows_each_screen_its_cost_and_the_sensitivity_plot(tmp_path
     assert "| lr0.003-warmup2 | — | — | 250 (diverged) |" in text and "| lr0.003-warmup4 | 5.000 | 4.400 | 1000 |" in text
     assert "![valid_loss against the learning rate, per arm](screen.png)" in text and (out / "screen.png").stat().st_size > 0
     assert isinstance(study.screen, Screen) and screen_lines(load_study(str(write_study_file(tmp_path / "n", []))), out, 2000) == []
+
+
+def test_a_screened_arm_is_planned_only_at_its_chosen_setting(tmp_path):
+    """plan() leaves a screened arm out until its screen has chosen (no seed runs at an untuned regime),
+    then runs every seed of it at the chosen overrides; an arm with `screen: false` is planned at once."""
+    from normlab.study.runner import plan
+    from normlab.study.spec import load_study
+
+    path = write_study_file(tmp_path, [], arms={"a": ["norm=prenorm"], "b1": ["norm=postnorm"]}, extra=SCREEN)
+    path.write_text(path.read_text().replace("  b1: {overrides: [norm=postnorm]}",
+                                             "  b1: {overrides: [norm=postnorm], screen: false}")
+                    .replace("  b_best: {arms: [b1, b2], by: valid_bleu}\n", "").replace("best_of:\n", ""))
+    study = load_study(str(path), "smoke")
+    waiting = plan(study, tmp_path / "runs", tmp_path / "out")
+    assert sorted((j.arm.name, j.seed) for j in waiting) == [("b1", 1), ("b1", 2)]  # smoke: 2 seeds
+    jobs = plan(study, tmp_path / "runs", tmp_path / "out", {"a": ["optim.lr=0.003", "optim.warmup=4"]})
+    chosen = [j for j in jobs if j.arm.name == "a"]
+    assert [j.seed for j in chosen] == [1, 2]
+    assert all(j.overrides[-2:] == ["optim.lr=0.003", "optim.warmup=4"] for j in chosen)
+    assert len({j.identity_hash for j in jobs}) == 4

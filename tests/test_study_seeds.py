@@ -1,6 +1,8 @@
-"""How many seeds a study runs and what they cost: issue 17's seeds rule (3 seeds, or 2 with a
-difference > 3 sd of the seeds' differences from the claim's decision boundary), arms' extra_seeds,
-and each run's share of the machine in the machine-hours."""
+"""How many seeds a study runs and what they cost: the seed-level interval's verdicts (a family's
+pooled variance, an arm whose seeds diverge kept out of it, "inconclusive (needs N seeds)"), arms'
+extra_seeds, and each run's share of the machine in the machine-hours."""
+import math
+
 import pytest
 
 from normlab.errors import UserError
@@ -13,25 +15,77 @@ from normlab.study.spec import load_study
 from study_files import claim, pairs, record, verdicts, write_study_file
 
 
-def test_fewer_than_3_seeds_say_whether_the_rule_is_met(tmp_path):
-    """Issue 17's rule: 3 seeds, or 2 when the difference exceeds 3 sd of the seeds' differences.
-    2 seeds with differences 3.0 and 3.2 (mean 3.1, sd 0.141: 21.9 sd) meet it; 3.0 and 1.0
-    (mean 2.0, sd 1.414: 1.4 sd) do not; 1 seed never does; 3 seeds are not marked."""
-    v = verdicts(tmp_path, [claim()], pairs([27.0, 27.2], [24.0, 24.0]))["c"]
-    assert v.seeds_rule["enough"] and v.seeds_rule["effect_sd"] == pytest.approx(3.1 / (0.2 / 2 ** 0.5), abs=0.01)
-    assert "2 paired seeds: the difference is 21.9 sd" in v.note and "enough by the rule" in v.note
-    v = verdicts(tmp_path / "2", [claim()], pairs([27.0, 25.0], [24.0, 24.0]))["c"]
-    assert not v.seeds_rule["enough"] and v.seeds_rule["effect_sd"] == pytest.approx(2.0 / 2 ** 0.5, abs=0.01)
-    assert "a third seed is needed" in v.note
+def test_a_claim_that_needs_more_seeds_says_how_many(tmp_path):
+    """a: 21, 23 against b1: 20, 20.4 (each arm alone): +1.8 with an interval over zero at 2 seeds;
+    at the same variances 5 paired seeds exclude zero (test_study_stats works the half widths by
+    hand): "inconclusive (needs 5 seeds)", never held. 1 seed: no variance, plainly inconclusive."""
+    v = verdicts(tmp_path, [claim()], pairs([21.0, 23.0], [20.0, 20.4]))["c"]
+    assert v.interval.low < 0 < v.interval.high and v.interval.diff == pytest.approx(1.8)
+    assert v.verdict == "inconclusive (needs 5 seeds)" and v.needs == 5
+    assert v.as_dict()["needs_seeds"] == 5 and v.as_dict()["difference"]["df"] == pytest.approx(v.interval.df)
+    v = verdicts(tmp_path / "far", [claim()], pairs([21.0, 23.0], [20.9, 21.3]))["c"]  # +0.9: > 10 seeds
+    assert v.verdict == "inconclusive" and v.needs is None
     v = verdicts(tmp_path / "1", [claim()], pairs([27.0], [24.0]))["c"]
-    assert not v.seeds_rule["enough"] and v.seeds_rule["effect_sd"] is None and "not measured" in v.note
+    assert v.verdict == "inconclusive" and v.interval.low is None and "not measured" in v.interval.method
     v = verdicts(tmp_path / "3", [claim()], pairs([27.0, 27.2, 26.9], [24.0, 24.1, 24.3]))["c"]
-    assert v.seeds_rule is None and v.note == ""
-    from normlab.study.readme import seeds_mark
+    assert v.verdict == "held" and "sd" not in v.note
 
-    assert seeds_mark({"seeds": 2, "effect_sd": 1.41, "enough": False}) == ", 1.4 sd: a 3rd seed needed"
-    assert seeds_mark({"seeds": 2, "effect_sd": 21.9, "enough": True}) == ", 21.9 sd" and seeds_mark(None) == ""
-    assert seeds_mark({"seeds": 1, "effect_sd": None, "enough": False}) == ": more seeds needed"
+
+def test_needs_seeds_measures_from_the_claims_boundary(tmp_path):
+    """valid_nll (lower is better), A no worse than B by 1: A − B = 0.85, 0.95 (s² 0.005, df 1)
+    against 2.0, 2.0 lies 0.1 from the boundary +1; the seeds that clear it, by hand with scipy's t:
+    t(N − 1) · sqrt(0.005 / N) < 0.1 first at N = 5 (measured from zero it would be 3)."""
+    stats = pytest.importorskip("scipy.stats")
+    rows = [("a", s, {"valid_nll": x}) for s, x in ((1, 2.85), (2, 2.95))]
+    rows += [("b1", s, {"valid_nll": 2.0}) for s in (1, 2)]
+    v = verdicts(tmp_path, [claim(kind="no_worse", margin=1.0, metric="valid_nll")], rows)["c"]
+    first = next(n for n in range(3, 11) if stats.t.ppf(0.975, n - 1) * math.sqrt(0.005 / n) < 0.1)
+    assert first == 5 and v.verdict == "inconclusive (needs 5 seeds)"
+
+
+def test_a_family_pools_the_seed_variance_of_its_arms(tmp_path):
+    """a (27.0, 27.4, 26.8) and b2 (20.0, 20.6) in family F, b1 (24.0, 24.5, 23.9) alone: a's side
+    uses s²_F = 11/90 on 3 df (test_study_stats works the interval by hand), b1 its own."""
+    stats = pytest.importorskip("scipy.stats")
+    rows = pairs([27.0, 27.4, 26.8], [24.0, 24.5, 23.9]) + [("b2", s, {"test_bleu": x, "valid_bleu": 1.0})
+                                                            for s, x in ((1, 20.0), (2, 20.6))]
+    v = verdicts(tmp_path, [claim()], rows, families={"a": "F", "b2": "F"})["c"]
+    va, vb = v.variance["a"], v.variance["b1"]
+    assert (va.s2, va.df, va.source, va.arms) == (pytest.approx(11 / 90), 3, "family:F", ("a", "b2"))
+    assert (vb.s2, vb.df, vb.source) == (pytest.approx(31 / 300), 2, "arm:b1")
+    se2 = 11 / 90 / 3 + 31 / 300 / 3
+    df = se2 ** 2 / ((11 / 90 / 3) ** 2 / 3 + (31 / 300 / 3) ** 2 / 2)
+    half = stats.t.ppf(0.975, df) * math.sqrt(se2)
+    assert (v.interval.low, v.interval.high) == pytest.approx((81.2 / 3 - 72.4 / 3 - half, 81.2 / 3 - 72.4 / 3 + half))
+    assert v.verdict == "held" and "a pooled over family F (a, b2: s² 0.122, df 3)" in v.note
+    assert v.as_dict()["variance"]["a"]["source"] == "family:F"
+
+
+def test_an_arm_whose_seeds_diverge_is_not_pooled(tmp_path):
+    """Family F = a, b2, b3. a's seeds 20, 28, 24 (s² 16) against the rest's pooled 0.0325 on 2 df:
+    F = 492 > F_0.95(2, 2) = 19, so a uses its own variance and stays out of b2's pool; with a's
+    seeds at 23.0, 23.4, 23.2 (s² 0.04: F 1.2) all three pool. An arm with a stalled seed beside
+    completed ones uses its own variance too."""
+    arms = {"a": ["x=1"], "b1": ["x=2"], "b2": ["x=3"], "b3": ["x=4"]}
+    fam = {"a": "F", "b2": "F", "b3": "F"}
+    cl = [claim(id="a"), claim(id="b2", better="b2")]
+    rest = [("b2", s, {"test_bleu": x}) for s, x in ((1, 22.0), (2, 22.2))]
+    rest += [("b3", s, {"test_bleu": x}) for s, x in ((1, 23.0), (2, 23.3))]
+    rest += [("b1", s, {"test_bleu": 10.0 + s / 10}) for s in (1, 2, 3)]
+    wide = [("a", s, {"test_bleu": x}) for s, x in ((1, 20.0), (2, 28.0), (3, 24.0))]
+    v = verdicts(tmp_path, cl, wide + rest, arms=arms, families=fam)
+    a, b2 = v["a"].variance["a"], v["b2"].variance["b2"]
+    assert (a.s2, a.df, a.source) == (pytest.approx(16.0), 2, "arm:a") and "F_0.95(2, 2) = 19.0" in a.why
+    assert (b2.s2, b2.df, b2.arms) == (pytest.approx(0.0325), 2, ("b2", "b3"))
+    assert "a its own (s² 16, df 2: its seed variance 16 is 492.3x the rest of F's 0.0325" in v["a"].note
+    near = [("a", s, {"test_bleu": x}) for s, x in ((1, 23.0), (2, 23.4), (3, 23.2))]
+    v = verdicts(tmp_path / "near", cl, near + rest, arms=arms, families=fam)
+    assert v["a"].variance["a"].arms == ("a", "b2", "b3") and v["b2"].variance["b2"].df == 4
+    stalled = near + rest + [("b3", 3, {"status": "stalled"})]
+    v = verdicts(tmp_path / "stalled", [claim(id="b3", better="b3"), *cl], stalled, arms=arms, families=fam)
+    b3 = v["b3"].variance["b3"]
+    assert b3.source == "arm:b3" and b3.why == "1 seed diverged or stalled beside 2 that completed"
+    assert v["a"].variance["a"].arms == ("a", "b2")
 
 
 def test_extra_seeds_run_for_their_arms_only(tmp_path):
@@ -78,40 +132,6 @@ def test_machine_share_is_threads_of_cores_where_the_record_names_them(tmp_path)
     record(out, "a", 1, wall_s=3600.0, steps=10, device="cpu: x86_64, 2 cores, 1 thread")
     record(out, "b1", 1, wall_s=3600.0, steps=10, study={"arm": "b1", "seed": 1, "jobs": 2})
     assert cost(load_records(out))["machine_hours"] == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize("kind, diffs, enough", [
-    # similar (margin 1): 0.9 and 0.95 sit next to the margin (0.075 from it, sd 0.035: 2.1 sd)
-    ("similar", [0.9, 0.95], False),
-    # similar: 0.0 and 0.1 lie well inside it (0.95 from it, sd 0.071: 13.4 sd)
-    ("similar", [0.0, 0.1], True),
-    # no_worse (margin 1): -0.2 and -0.1 are 0.85 above -1 (sd 0.071: 12.0 sd)
-    ("no_worse", [-0.2, -0.1], True),
-    ("no_worse", [-1.2, -0.6], False),  # 0.1 from -1, sd 0.42: 0.2 sd
-])
-def test_the_rule_measures_the_distance_from_the_claims_boundary(tmp_path, kind, diffs, enough):
-    """For "about as good as" claims a large difference is not evidence for them: the rule measures
-    the mean difference's distance from the margin, not from zero."""
-    import numpy as np
-
-    v = verdicts(tmp_path, [claim(kind=kind, margin=1.0)], pairs([20.0 + d for d in diffs], [20.0, 20.0]))["c"]
-    mean, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
-    distance = abs(abs(mean) - 1.0) if kind == "similar" else abs(mean + 1.0)
-    assert v.seeds_rule["enough"] is enough
-    assert v.seeds_rule["effect_sd"] == pytest.approx(distance / sd, abs=0.01)
-    assert "distance from the margin 1" in v.note
-
-
-def test_the_rule_for_a_lower_is_better_no_worse_claim(tmp_path):
-    """valid_nll (lower is better), A no worse than B by 1: A − B of 0.85 and 0.95 lies 0.1 from the
-    boundary +1 (sd 0.071: 1.4 sd), not enough; the index cell says it is measured from the margin."""
-    from normlab.study.readme import seeds_mark
-
-    rows = [("a", s, {"valid_nll": x}) for s, x in ((1, 2.85), (2, 2.95))]
-    rows += [("b1", s, {"valid_nll": 2.0}) for s in (1, 2)]
-    v = verdicts(tmp_path, [claim(kind="no_worse", margin=1.0, metric="valid_nll")], rows)["c"]
-    assert v.seeds_rule["effect_sd"] == pytest.approx(0.1 / (0.1 / 2 ** 0.5), abs=0.01) and not v.seeds_rule["enough"]
-    assert seeds_mark(v.seeds_rule) == ", 1.4 sd from the margin: a 3rd seed needed"
 
 
 def test_extra_seeds_are_refused_where_they_would_mislead(tmp_path):

@@ -95,7 +95,7 @@ def test_the_cost_line_says_which_runs_were_shared(tmp_path):
 def test_the_total_counts_a_run_several_studies_recorded_once(tmp_path):
     """twt_lowres, twt_scalenorm and layerdrop_prune_2k hold the same pre-LN runs (one run folder,
     three records): the index's total counts them once."""
-    from normlab.study.readme import cost_table
+    from normlab.study.index import cost_table
 
     for name, hashes in (("a", {"h1": 1.0, "h2": 0.5}), ("b", {"h1": 1.0, "h3": 0.25})):
         (tmp_path / name).mkdir()

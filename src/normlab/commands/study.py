@@ -101,7 +101,8 @@ def _status(study, runs: Path, out: Path, records: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from normlab.study.claims import judge, read_refs
-    from normlab.study.readme import update_index, write_study
+    from normlab.study.index import update_index
+    from normlab.study.readme import write_study
     from normlab.study.records import load_records
     from normlab.study.runner import Sweep, adopt_shared, plan
     from normlab.study.screen_run import choices, run_screens

@@ -1,6 +1,6 @@
 """A study's folder, written by the command that ran it: README.md (question, design, cost, table,
-claims with verdicts, plots, the paper-size preset), table.csv, claims.json, plots; and the one
-table of every claim in experiments/README.md (between its markers)."""
+claims with verdicts (verdict_text.py), plots, the paper-size preset), table.csv, claims.json,
+plots. The index of every claim, experiments/README.md, is index.py's."""
 from __future__ import annotations
 
 import csv
@@ -13,16 +13,12 @@ import numpy as np
 
 from normlab.hardware import cpu_text
 from normlab.study.claims import Verdict, statuses
+from normlab.study.fixed import change_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
 from normlab.study.screen_report import screen_lines
 from normlab.study.spec import Study
-
-BEGIN, END = "<!-- claims:begin (normlab-study writes this table) -->", "<!-- claims:end -->"
-
-
-def fmt(v: float | None, digits: int = 2) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
+from normlab.study.verdict_text import claims_lines, fmt
 
 
 def mean_sd(values: list[float]) -> str:
@@ -147,16 +143,6 @@ def _code(recs: list[Record]) -> str:
     return text
 
 
-def verdict_cell(v: Verdict) -> str:
-    iv = v.interval
-    if v.claim.kind in ("fails", "trains"):
-        return outcome_text(v.statuses.get(v.better, {}), v.means.get(v.better), v.claim.metric) or "no runs"
-    if iv is None:
-        return status_text(v.statuses)
-    ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv.low is not None else "[no interval]"
-    return f"{iv.diff:+.2f} {ci} ({iv.method})"
-
-
 def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Verdict], out: Path,
                 command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
@@ -176,9 +162,15 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         if shape:
             probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
     planned = study.planned
+    claims = [v.as_dict() for v in verdicts]
+    # claims fixed before their data (study/fixed.py): a definition changed since the first records is shown
+    changes = update_lock(out, study.claims, {v.claim.id: v.verdict for v in verdicts},
+                          has_records=any(by_arm.values()), today=time.strftime("%Y-%m-%d"))
+    for entry in claims:
+        if entry["id"] in changes:
+            entry["changed_after_data"] = changes[entry["id"]]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
-                                                 "cost": {**c, "planned": planned},
-                                                 "claims": [v.as_dict() for v in verdicts]}, indent=2) + "\n")
+                                                 "cost": {**c, "planned": planned}, "claims": claims}, indent=2) + "\n")
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["arm", "seed", "status", *study.table_metrics, "steps", "wall_s"])
@@ -207,13 +199,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
                  f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
               *screen_lines(study, out, max(c["steps"] or [0]) or None),
-              "## Claims", "", "| claim | source | paper | ours (A − B, 95% interval) | verdict |", "|---|---|---|---|---|"]
-    for v in verdicts:
-        who = f"{v.better} vs {v.than}" if v.than else v.better
-        lines.append(f"| {v.claim.claim} ({who}, {v.claim.metric}) | {v.claim.source} | {v.claim.paper} | "
-                     f"{verdict_cell(v)} | **{v.verdict}** |")
-    notes = [f"- {v.claim.id}: {v.note}" for v in verdicts if v.note]
-    lines += ["", *notes, "" if notes else ""]
+              "## Claims", "", *claims_lines(claims), *change_lines(changes)]
     lines += probe_lines
     metrics = study.table_metrics
     lines += ["## Arms (mean ± sd over completed seeds)", "",
@@ -318,97 +304,3 @@ def _unfinished(study: Study, cost: dict) -> str:
     if study.kind == "probe" or cost["runs"] >= planned:
         return ""
     return f"; {cost['runs']} of {planned} planned runs recorded, the same command continues"
-
-
-def outcome_text(statuses: dict, mean, metric: str) -> str:
-    """`completed 2 (test_bleu 1.36)`: a run that "trains" may still end far below its peers; the
-    mean over the scored seeds shows how far (the Pace section says where it ended)."""
-    text = ", ".join(f"{k} {n}" for k, n in statuses.items())
-    return f"{text} ({metric} {mean:.2f})" if text and isinstance(mean, (int, float)) else text
-
-
-def status_text(statuses: dict) -> str:
-    return "; ".join(f"{arm}: {', '.join(f'{k} {n}' for k, n in st.items()) or 'not run'}"
-                     for arm, st in statuses.items())
-
-
-def cost_table(folder: Path) -> list[str]:
-    """What each study cost this machine (its README's Cost line) and the total of the training
-    studies, where a run that several studies recorded (the same identity: a shared run folder, or an
-    adopted record) counts once."""
-    rows, total = [], {}
-    for path in sorted(folder.glob("*/claims.json")):
-        data = json.loads(path.read_text())
-        c = data.get("cost")
-        if data.get("budget") != "full" or not c:
-            continue
-        own = c["runs"] - c.get("shared", 0)
-        shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
-        unit = "probes" if data.get("kind") == "probe" else "runs"
-        steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
-        cpu = c.get("cpu_hours")  # a claims.json written before CPU-hours: its machine-hours x 2 cores
-        hours = cpu if cpu is not None else 2 * c["machine_hours"]
-        rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
-                    f"{steps or '—'} | {hours:.2f}{'' if cpu is not None else ' (est.)'} |")
-        if data.get("kind") != "probe":
-            by_run = c.get("cpu_by_run") or {k: 2 * h for k, h in (c.get("hours_by_run") or {}).items()}
-            for run, h in by_run.items():
-                total.setdefault(run, h)
-    if not rows:
-        return []
-    total_runs, total_hours = len(total), sum(total.values())
-    return ["## What the studies cost", "",
-            "CPU-hours: the CPU time each run used over all its legs (results.json `cpu_s`); for a run "
-            "recorded before runs counted it, its wall time x its share of the machine (1 / the runs beside "
-            "it, at most its threads of the cores) x the cores, an upper bound (each study's Cost line says "
-            "how many). A 2-core machine gives 2 CPU-hours an hour.", "",
-            "| study | runs recorded (of planned) | steps | CPU-hours |", "|---|---|---|---:|", *rows,
-            f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
-            f"**{total_hours:.2f}** |"]
-
-
-def seeds_mark(rule: dict | None) -> str:
-    # Fewer than 3 seeds (claims.seeds_rule): the difference's distance from the claim's boundary
-    # (zero, or the margin) in sd of the seeds' differences, and whether the rule asks a third seed.
-    if not rule:
-        return ""
-    k = (f", {rule['effect_sd']:.1f} sd" + (" from the margin" if rule.get("from_margin") else "")
-         if rule.get("effect_sd") is not None else "")
-    return k + ("" if rule["enough"] else ": a 3rd seed needed" if rule["seeds"] == 2 else ": more seeds needed")
-
-
-def update_index(index: Path) -> None:
-    """Rewrite the claims table of experiments/README.md from every study's claims.json."""
-    rows = ["| study | claim (A vs B, metric) | source | paper | ours: A − B (95% interval) | verdict |",
-            "|---|---|---|---|---|---|"]
-    for path in sorted(index.parent.glob("*/claims.json")):
-        data = json.loads(path.read_text())
-        if data.get("budget") != "full":
-            continue
-        for c in data["claims"]:
-            d = c.get("difference")
-            if d and d.get("low") is not None:
-                seeds = f", {d['paired_seeds']} seed{'s' if d['paired_seeds'] != 1 else ''}" if d.get("paired_seeds") else ""
-                ours = (f"{d['mean']:+.2f} [{fmt(d['low'])}, {fmt(d['high'])}] ({d['method'].split(' over')[0]}{seeds}"
-                        f"{seeds_mark(c.get('seeds_rule'))})")
-            elif c.get("kind") in ("fails", "trains"):
-                ours = f"{c['better']}: " + (outcome_text((c.get("statuses") or {}).get(c["better"], {}),
-                                                          (c.get("means") or {}).get(c["better"]), c["metric"]) or "not run")
-            else:
-                ours = status_text(c.get("statuses") or {})
-            who = f"{c['better']} vs {c['than']}" if c.get("than") else c["better"]
-            rows.append(f"| [{data['study']}]({path.parent.name}/) | {c['claim']} ({who}, {c['metric']}) | "
-                        f"{c['source']} | {c['paper']} | {ours} | **{c['verdict']}** |")
-    table = "\n".join([BEGIN, *rows, "", *cost_table(index.parent), END])
-    text = index.read_text() if index.is_file() else "# Studies\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        rest = rest.split(END, 1)[1]
-        while BEGIN in rest and END in rest.split(BEGIN, 1)[1]:  # a stale second copy of the table: dropped
-            before, after = rest.split(BEGIN, 1)
-            before = before.rstrip().removesuffix("## Every claim, judged").rstrip() + "\n"
-            rest = before + after.split(END, 1)[1]
-        text = head + table + rest
-    else:
-        text = text.rstrip() + "\n\n## Every claim, judged\n\n" + table + "\n"
-    index.write_text(text)

@@ -64,6 +64,34 @@ class Record:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return f.read().split("\n")[:-1]
 
+    def plateau(self, window: int, min_delta: float, cap: int) -> dict | None:
+        """Where the run stopped learning: {"step": the validation step of its plateau, or None if it
+        never reached one; "steps": the steps it trained; "cap"; "from": where this was read}.
+        results.json's `plateau` when the run wrote one (callbacks/plateau.py), else normlab.plateau's
+        rule on metrics.csv's valid/loss with the study's window and min_delta (every record trained
+        before runs stopped at a plateau); None when neither is there."""
+        own = self.results.get("plateau")
+        steps = self.results.get("steps")
+        if isinstance(own, dict) and "step" in own:
+            return {"step": own["step"], "steps": steps, "cap": own.get("cap", cap), "from": "results.json"}
+        points = self.curve("valid_loss")
+        if not points:
+            return None
+        from normlab.plateau import plateau_step
+
+        step = plateau_step([s for s, _ in points], [v for _, v in points], window, min_delta)
+        return {"step": step, "steps": steps if steps is not None else points[-1][0] + 1, "cap": cap,
+                "from": "metrics.csv"}
+
+    def still_improving(self, window: int, min_delta: float, cap: int) -> bool | None:
+        """A completed run that never reached a plateau: a run stops at its plateau or at the end of
+        its steps (the cap), so it ended while still learning. Not completed: False (diverged or
+        stalled runs are judged as such); None: not known (no plateau recorded, no valid/loss curve)."""
+        if self.status != "completed":
+            return False
+        p = self.plateau(window, min_delta, cap)
+        return None if p is None else p["step"] is None
+
     def curve(self, column: str) -> list[tuple[int, float]]:
         """(step, value) of a logged series (metrics.csv: valid/loss for valid_loss)."""
         path = self.path / "metrics.csv"

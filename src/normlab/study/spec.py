@@ -6,13 +6,19 @@ the key before any run starts.
     design: why this model, corpus and budget (the README prints it)
     common: [overrides every arm gets]         seeds: [1, 2, 3]
     arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]},
-                  extra_seeds: [3]}}    # seeds this arm runs beyond the study's (full budget only)
+                  extra_seeds: [3],     # seeds this arm runs beyond the study's (full budget only)
+                  family: post_ln_like}}  # its regime family: the arms whose seed variance is pooled
     best_of: {name: {arms: [a, b], by: valid_bleu}}   # an arm picked by a validation metric
     claims: [{id, claim, source, paper, better, than, metric, than_metric, interval, kind, margin,
               paper_effect, carried_from}]   # the last two optional strings, for the READMEs and the index
     budgets: {smoke: {seeds: [1, 2], overrides: [...]}}   # study.budget=smoke: a test in seconds
     paper_preset: {command: ..., gpu_hours: ...}           # the papers' sizes, for GPU users
     plots: {curves: valid_loss}
+    reference: pre_ln          # the arm a `trains` claim is measured against (required for trains_bar)
+    trains_bar: {valid_nll: 0.3, test_bleu_ratio: 0.5}  # "trains": mean valid NLL within 0.3 nats of
+                               # the reference's, or mean test BLEU >= 0.5 x its (these defaults)
+    plateau: {window: 500, min_delta: 0.01, cap: 2000}  # a run still improving at the end (no
+                               # plateau: normlab.plateau) makes a comparison "budget-bound"
     screen: {grid: {optim.lr: [...]}, rungs: [250, 1000], keep: 0.25, seed: 1}   # study/screen.py
     arms: {name: {screen: false}}   # an arm the screen leaves at the common settings
 """
@@ -54,10 +60,11 @@ class Arm:
     label: str
     prune: dict | None = None  # {depths: [..], strategies: [..]}: run the prune command after training
     model: dict | None = None  # probe studies: the ModelConfig options of the arm
-    # seeds beyond the study's, for the arms of a claim whose seeds left it open (issue 17's rule:
-    # 3 seeds, or 2 with a difference > 3 sd): a third seed of two arms, not of every arm
+    # seeds beyond the study's, for the arms of a claim whose seeds left it open ("inconclusive
+    # (needs N seeds)": claims.py): a third seed of two arms, not of every arm
     extra_seeds: tuple[int, ...] = ()
     screen: bool = True  # false: the arm runs at the common settings though the study screens the others
+    family: str | None = None  # its regime family (claims pool the seed variance over it); None: alone
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,9 @@ class Claim:
     better: str             # arm (or best_of group) the paper says is better / that fails / trains
     than: str | None        # the other arm (compare claims)
     metric: str = "test_bleu"
-    interval: str = "bootstrap"
+    interval: str = "bootstrap"  # bootstrap: a test-BLEU claim's seed interval adds the test sentences'
+                                 # variance, and its README shows the sentence bootstrap as a test-set
+                                 # check; t: the seeds alone (claims.py)
     kind: str = "compare"   # compare: A better than B; similar: |A - B| < margin; fails: A diverges or
                             # stalls; trains: A completes
     than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
@@ -78,6 +87,22 @@ class Claim:
     paper_effect: str | None = None  # the paper's own effect for the comparison the arms make, e.g.
                                      # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
     carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
+    changed: str | None = None  # why the definition differs from the one its first records fixed (study/fixed.py)
+
+
+@dataclass(frozen=True)
+class TrainsBar:
+    """How close to the study's reference arm a `trains` claim's arm must end (issue 35, item 4)."""
+    valid_nll: float = 0.3        # nats: mean valid NLL at most this much above the reference's, or
+    test_bleu_ratio: float = 0.5  # mean test BLEU at least this share of the reference's
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """normlab.plateau's rule, for records whose results.json does not say where the run ended."""
+    window: int
+    min_delta: float
+    cap: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +127,9 @@ class Study:
     kind: str = "train"     # train: arms are runs | probe: a measurement at init (normlab.study.probe)
     probe: dict = field(default_factory=dict)
     screen: Screen | None = None  # each arm's setting chosen by successive halving (study/screen.py)
+    reference: str | None = None        # the arm `trains` claims are measured against (with trains_bar)
+    trains_bar: TrainsBar | None = None  # set when reference is
+    plateau: Plateau | None = None      # None: no comparison is judged budget-bound
 
     def screened(self, arm: Arm) -> bool:
         return self.screen is not None and arm.screen
@@ -166,8 +194,11 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{where}: arms.{arm_name}.extra_seeds", f"must be a list of integer seeds (got {extra!r})")
         if not isinstance(node.get("screen", True), bool):
             raise UserError(f"{where}: arms.{arm_name}.screen", f"{node['screen']!r}: true or false")
+        family = node.get("family")
+        if family is not None and not (isinstance(family, str) and family):
+            raise UserError(f"{where}: arms.{arm_name}.family", f"must be a name (got {family!r})")
         arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"),
-                             node.get("model"), tuple(extra), bool(node.get("screen", True)))
+                             node.get("model"), tuple(extra), bool(node.get("screen", True)), family)
     best_of = raw.get("best_of") or {}
     for group, node in best_of.items():
         unknown = [a for a in node.get("arms") or [] if a not in arms]
@@ -184,11 +215,11 @@ def load_study(name: str, budget: str = "full") -> Study:
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
                   **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                          "paper_effect", "carried_from") if k in node})
+                                          "paper_effect", "carried_from", "changed") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
-        for key in ("paper_effect", "carried_from"):
+        for key in ("paper_effect", "carried_from", "changed"):
             value = getattr(c, key)
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
@@ -234,7 +265,8 @@ def load_study(name: str, budget: str = "full") -> Study:
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind))
+                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind),
+                 **_judging(raw, where, arms))
 
 
 def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | None:
@@ -246,3 +278,47 @@ def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | N
     if node and isinstance(node, dict) and isinstance(budget.get("screen"), dict):
         node = {**node, **budget["screen"]}
     return load_screen(node, where, [int(s) for s in seeds])
+
+
+def _number(node: dict, key: str, where: str, low: float, high: float = float("inf"), integer: bool = False):
+    if node.get(key) is None:
+        raise UserError(f"{where}.{key}", "missing")
+    v = node[key]
+    ok = isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and low <= v <= high
+    if not ok:
+        span = f">= {low:g}" if high == float("inf") else f"in [{low:g}, {high:g}]"
+        raise UserError(f"{where}.{key}", f"{v!r}: must be {'an integer' if integer else 'a number'} {span}")
+    return v
+
+
+def _keys(node, where: str, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(node, dict):
+        raise UserError(where, f"must be a mapping of {', '.join(allowed)} (got {node!r})")
+    for key in node:
+        if key not in allowed:
+            raise UserError(f"{where}.{key}", "not a key here", allowed)
+    return node
+
+
+def _judging(raw: dict, where: str, arms: dict[str, Arm]) -> dict:
+    """reference, trains_bar and plateau: how claims.py judges "trains" and "budget-bound"."""
+    reference, bar, plateau = raw.get("reference"), raw.get("trains_bar"), raw.get("plateau")
+    if reference is not None and reference not in arms:
+        raise UserError(f"{where}: reference", f"{reference!r} is not an arm", list(arms))
+    if bar is not None and reference is None:
+        raise UserError(f"{where}: reference", "missing: trains_bar measures an arm against the reference arm")
+    out: dict = {"reference": reference}
+    if reference is not None:
+        bar = _keys({} if bar is None else bar, f"{where}: trains_bar", ("valid_nll", "test_bleu_ratio"))
+        default = TrainsBar()
+        out["trains_bar"] = TrainsBar(
+            valid_nll=float(_number(bar, "valid_nll", f"{where}: trains_bar", 0.0) if "valid_nll" in bar else default.valid_nll),
+            test_bleu_ratio=float(_number(bar, "test_bleu_ratio", f"{where}: trains_bar", 0.0, 1.0)
+                                  if "test_bleu_ratio" in bar else default.test_bleu_ratio))
+    if plateau is not None:
+        at = f"{where}: plateau"
+        plateau = _keys(plateau, at, ("window", "min_delta", "cap"))
+        out["plateau"] = Plateau(window=_number(plateau, "window", at, 1, integer=True),
+                                 min_delta=float(_number(plateau, "min_delta", at, 0.0)),
+                                 cap=_number(plateau, "cap", at, 1, integer=True))
+    return out

@@ -1,0 +1,73 @@
+"""The index of every claim, experiments/README.md: one row per claim of every full-budget study
+(from its claims.json, between the markers; the rest of the page is kept) and what the studies cost."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from normlab.study.verdict_text import INDEX_HEADER, index_row
+
+BEGIN, END = "<!-- claims:begin (normlab-study writes this table) -->", "<!-- claims:end -->"
+INDEX_TEXT = ("\"ours\": the interval that decides each comparison: t over the paired seeds at the df shown, each "
+              "arm's seed variance pooled within its regime family where one is named, + the test sentences' "
+              "variance for BLEU claims (each study's README shows the per-run test-set check beside it). fails and "
+              "trains claims are judged on how the runs ended, trains against the study's reference arm where it "
+              "names one. The paper's effect is the paper's own comparison, where the claim quotes it.")
+
+
+def cost_table(folder: Path) -> list[str]:
+    """What each study cost this machine (its README's Cost line) and the total of the training
+    studies, where a run that several studies recorded (the same identity: a shared run folder, or an
+    adopted record) counts once."""
+    rows, total = [], {}
+    for path in sorted(folder.glob("*/claims.json")):
+        data = json.loads(path.read_text())
+        c = data.get("cost")
+        if data.get("budget") != "full" or not c:
+            continue
+        own = c["runs"] - c.get("shared", 0)
+        shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
+        unit = "probes" if data.get("kind") == "probe" else "runs"
+        steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
+        cpu = c.get("cpu_hours")  # a claims.json written before CPU-hours: its machine-hours x 2 cores
+        hours = cpu if cpu is not None else 2 * c["machine_hours"]
+        rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
+                    f"{steps or '—'} | {hours:.2f}{'' if cpu is not None else ' (est.)'} |")
+        if data.get("kind") != "probe":
+            by_run = c.get("cpu_by_run") or {k: 2 * h for k, h in (c.get("hours_by_run") or {}).items()}
+            for run, h in by_run.items():
+                total.setdefault(run, h)
+    if not rows:
+        return []
+    total_runs, total_hours = len(total), sum(total.values())
+    return ["## What the studies cost", "",
+            "CPU-hours: the CPU time each run used over all its legs (results.json `cpu_s`); for a run "
+            "recorded before runs counted it, its wall time x its share of the machine (1 / the runs beside "
+            "it, at most its threads of the cores) x the cores, an upper bound (each study's Cost line says "
+            "how many). A 2-core machine gives 2 CPU-hours an hour.", "",
+            "| study | runs recorded (of planned) | steps | CPU-hours |", "|---|---|---|---:|", *rows,
+            f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
+            f"**{total_hours:.2f}** |"]
+
+
+def update_index(index: Path) -> None:
+    """Rewrite the claims table of experiments/README.md from every study's claims.json."""
+    rows = [INDEX_TEXT, "", *INDEX_HEADER]
+    for path in sorted(index.parent.glob("*/claims.json")):
+        data = json.loads(path.read_text())
+        if data.get("budget") != "full":
+            continue
+        rows += [index_row(data["study"], path.parent.name, c) for c in data["claims"]]
+    table = "\n".join([BEGIN, *rows, "", *cost_table(index.parent), END])
+    text = index.read_text() if index.is_file() else "# Studies\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        rest = rest.split(END, 1)[1]
+        while BEGIN in rest and END in rest.split(BEGIN, 1)[1]:  # a stale second copy of the table: dropped
+            before, after = rest.split(BEGIN, 1)
+            before = before.rstrip().removesuffix("## Every claim, judged").rstrip() + "\n"
+            rest = before + after.split(END, 1)[1]
+        text = head + table + rest
+    else:
+        text = text.rstrip() + "\n\n## Every claim, judged\n\n" + table + "\n"
+    index.write_text(text)
