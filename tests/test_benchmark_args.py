@@ -278,3 +278,26 @@ def test_scoring_shares_clock_counts_decoding_to_the_innermost_pass(monkeypatch)
     assert dict(clock.parts["final test_avg"]) == {"decode": 1.0, "total": 3.0}
     assert clock.order == ["averaging", "final test_avg"]
 
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "0,200"], "--sizes '0,200': comma-separated integers >= 1"),
+    (["--sizes", "two"], "--sizes 'two': comma-separated integers >= 1"),
+    (["--study", "nope"], "--study nope: no experiments/nope/test.ref.gz"),
+])
+def test_subset_ranks_rejects_bad_arguments(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_subset_ranks", BENCHMARKS / "subset_ranks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert message in exit_message(mod.main, argv, capsys)
+
+
+def test_subset_ranks_counts_the_pairs_a_subset_orders_otherwise(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_subset_ranks", BENCHMARKS / "subset_ranks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    full = {"a": 10.0, "b": 12.0, "c": 11.0, "d": 11.0}  # c, d tie on the whole set: not a pair
+    sub = {"a": 9.0, "b": 10.0, "c": 10.0, "d": 8.0}     # a above d; b = c (a tie counts as swapped)
+    total, bad = mod.swapped(full, sub)
+    assert total == 5
+    assert bad == [("a", "d", -1.0), ("b", "c", 1.0)]
