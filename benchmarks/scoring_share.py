@@ -1,7 +1,7 @@
 """What share of a study run goes to scoring: validation BLEU during training, the final valid pass,
 the beam test, and the greedy and averaged passes, before and after the cheaper scoring of issue 36.
 
-    python benchmarks/scoring_share.py                              # deep_bleu_2k's pre-LN, 2,000 steps, before and after
+    python benchmarks/scoring_share.py                              # deep_bleu_2k's pre-LN, 2,000 steps, both
     python benchmarks/scoring_share.py --study deep_bleu --steps 2000  # the screened study's shape (its common lr)
     python benchmarks/scoring_share.py --shape default              # make train's default run (3+3, d 128)
     python benchmarks/scoring_share.py --steps 200 --val-every 100  # check the script (minutes)
@@ -107,8 +107,8 @@ def instrument(clock: Clock) -> None:
     M.on_validation_epoch_start, M.on_validation_epoch_end = epoch_start, epoch_end
     lit.translate_batches = clock.timed("decode", lit.translate_batches)  # validation's and the final passes'
     lit.score = clock.timed("bleu", lit.score)
-    ft.evaluation_pass = clock.phase(lambda out, trainer, module, dm, split, ckpt, suffix="", **_: f"final {split}{suffix}",
-                                     ft.evaluation_pass)
+    ft.evaluation_pass = clock.phase(
+        lambda out, trainer, module, dm, split, ckpt, suffix="", **_: f"final {split}{suffix}", ft.evaluation_pass)
     ft._averaged_test = clock.phase(lambda *a, **k: "averaging", ft._averaged_test)  # holds the test_avg pass
     L.Trainer.fit = clock.phase(lambda *a, **k: "fit", L.Trainer.fit)
 
