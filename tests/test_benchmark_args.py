@@ -1,5 +1,6 @@
 """The benchmark scripts reject bad arguments with an argparse error (exit code 2) before running
-anything: --repeats below 1 (train_throughput.py) and unknown --settings names (profile_step.py)."""
+anything: --repeats below 1 (train_throughput.py), unknown --settings names (profile_step.py), a bad
+--cap, --variants, --study or --arm (scoring_share.py); and the scripts' own arithmetic."""
 from __future__ import annotations
 
 import importlib.util
@@ -198,3 +199,105 @@ def test_hyper_memory_takes_turns_and_reports_medians_against_add(monkeypatch, c
     assert rows["add"] == ["100", "1.00", "2.000", "1.00"]
     assert rows["mhc n=4 dynamic"] == ["250", "2.50", "6.000", "3.00"]  # peak, x add, median, x add
     assert rows["hyper n=4 static"] == ["150", "1.50", "4.000", "2.00"]
+
+
+def _scoring_share(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_scoring_share", BENCHMARKS / "scoring_share.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "run_variant", lambda *a, **k: pytest.fail("ran before checking its arguments"))
+    return mod
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cap", "1.2"], "--cap '1.2': max_len_a,max_len_b"),
+    (["--cap", "1.2,10.5"], "--cap '1.2,10.5': max_len_a,max_len_b"),
+    (["--variants", "before,later"], "--variants 'before,later': a comma-separated list of before, after"),
+    (["--arm", "nope"], "--arm nope: not an arm of deep_bleu_2k (allowed: post_ln, pre_ln, "),
+    (["--study", "nope"], "--study: study 'nope': no such study"),
+])
+def test_scoring_share_rejects_bad_arguments_before_running(argv, message, monkeypatch, capsys):
+    mod = _scoring_share(monkeypatch)
+    assert message in exit_message(mod.main, argv, capsys)
+
+
+def test_scoring_share_variants_and_its_table(monkeypatch):
+    """`before` drops a study's scoring keys (every pass, as make train scores); `after` adds the subset,
+    the cap on both decoders and off each extra pass the study reads nowhere; the table splits a run's
+    wall time as documented, from the parts the run timed."""
+    import argparse
+
+    from normlab.study.spec import load_study
+
+    mod = _scoring_share(monkeypatch)
+    ap = argparse.ArgumentParser()
+    args = argparse.Namespace(subset=200, cap="1.2,10", shape="study", study="deep_bleu", arm="pre_ln", seed=3)
+    study = load_study("deep_bleu")  # it sets the subset, the cap and the passes off itself
+    base, read = mod.shape_overrides(args, ap)
+    full = study.arm_overrides(study.arms["pre_ln"], 3)
+    assert base == [o for o in full if not o.startswith("eval.")] and len(full) - len(base) == 7
+    assert "test_bleu" in read and not read & {"test_bleu_greedy", "test_bleu_avg"}
+    assert mod.variant_overrides("before", args, read) == []
+    cap = ["eval.decoder.max_len_a=1.2", "eval.decoder.max_len_b=10", "eval.test_decoder.max_len_a=1.2",
+           "eval.test_decoder.max_len_b=10"]
+    off = ["eval.test_greedy=false", "eval.test_average=false"]
+    assert mod.variant_overrides("after", args, read) == ["eval.valid_subset=200", *cap, *off]
+    # a pass the study reads stays on
+    assert mod.variant_overrides("after", args, read | {"test_chrf_avg"}) == ["eval.valid_subset=200", *cap, off[0]]
+    args.shape, args.subset = "default", 0
+    assert mod.shape_overrides(args, ap) == (["seed=3"], set())
+    assert mod.variant_overrides("after", args) == [*cap, *off]
+    parts = {"fit": {"total": 100.0}, "validation 50": {"total": 10.0, "decode": 6.0, "bleu": 1.0},
+             "validation 100": {"total": 8.0, "decode": 4.0, "bleu": 1.0},
+             "final valid": {"total": 5.0, "decode": 3.0, "bleu": 0.5}, "final test": {"total": 12.0, "decode": 11.0},
+             "averaging": {"total": 9.0}, "final test_avg": {"total": 7.0, "decode": 6.0}}
+    v = {"wall_s": 150.0, "timings": {"order": ["fit", "validation 50", "validation 100", "final valid",
+                                                "final test", "averaging", "final test_avg"], "parts": parts}}
+    rows, shares = mod.table(v)
+    got = {what.split(" (")[0]: s for what, s in rows}
+    assert got == pytest.approx({"training steps": 82.0, "validation loss": 6.0, "validation BLEU": 12.0,
+                                 "final valid": 5.0, "final test": 12.0, "final test_avg": 7.0,
+                                 "checkpoint averaging": 2.0, "other": 150.0 - 100.0 - 24.0 - 2.0})
+    assert sum(got.values()) == pytest.approx(150.0)
+    assert shares["scoring_s"] == pytest.approx(12.0 + 24.0 + 2.0) and shares["scoring"] == pytest.approx(38 / 150)
+    assert shares["validation_loss"] == pytest.approx(6 / 150)
+
+
+def test_scoring_shares_clock_counts_decoding_to_the_innermost_pass(monkeypatch):
+    """The averaged pass runs inside the averaging: its decode is its own, the averaging's total holds it."""
+    mod = _scoring_share(monkeypatch)
+    now = iter(range(100))
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: float(next(now)))
+    clock = mod.Clock()
+    decode = clock.timed("decode", lambda: None)
+    outer = clock.phase(lambda: "averaging", lambda: (decode(), inner()))
+    inner = clock.phase(lambda: "final test_avg", lambda: decode())
+    outer()
+    assert dict(clock.parts["averaging"]) == {"decode": 1.0, "total": 7.0}
+    assert dict(clock.parts["final test_avg"]) == {"decode": 1.0, "total": 3.0}
+    assert clock.order == ["averaging", "final test_avg"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "0,200"], "--sizes '0,200': comma-separated integers >= 1"),
+    (["--sizes", "two"], "--sizes 'two': comma-separated integers >= 1"),
+    (["--study", "nope"], "--study nope: no experiments/nope/test.ref.gz"),
+])
+def test_subset_ranks_rejects_bad_arguments(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_subset_ranks", BENCHMARKS / "subset_ranks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert message in exit_message(mod.main, argv, capsys)
+
+
+def test_subset_ranks_counts_the_pairs_a_subset_orders_otherwise(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_subset_ranks", BENCHMARKS / "subset_ranks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    full = {"a": 10.0, "b": 12.0, "c": 11.0, "d": 11.0}  # c, d tie on the whole set: not a pair
+    sub = {"a": 9.0, "b": 10.0, "c": 10.0, "d": 8.0}     # a above d; b = c (a tie counts as swapped)
+    total, bad = mod.swapped(full, sub)
+    assert total == 5
+    assert bad == [("a", "d", -1.0), ("b", "c", 1.0)]

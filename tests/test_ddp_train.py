@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT
@@ -69,3 +70,52 @@ def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(smal
     counts = eval_batches(run_dir, cfg)
     assert all(n % 2 == 1 for n in counts.values()), counts
     check_independent(run_dir, results, cfg, rel=1e-12)
+
+
+def test_two_process_validation_bleu_on_a_subset(small_corpus, tmp_path):
+    """eval.valid_subset under DDP: the subset's batches are sharded over the ranks as the whole set's
+    are (an odd count: a repeated batch must count once), and each validation logs the subset's BLEU
+    and the whole set's loss of that step's weights, as one process computes them from the step
+    checkpoints."""
+    import csv
+
+    import torch
+
+    from normlab.checkpoint import load_model
+    from normlab.evaluation import make_decoder, score, subset_rows, translate_batches
+    from normlab.losses import model_loss
+
+    ddp_run(small_corpus, tmp_path, f"eval.valid_subset={SUBSET}", "data.eval_max_tokens=512", "eval.test=false",
+            "callbacks.step_checkpoints.every_n_steps=3", "callbacks.step_checkpoints.keep_last_n=2",
+            "regularizer.encoder_layerdrop=0", "regularizer.decoder_layerdrop=0")
+    run_dir = tmp_path / "run"
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    tok = Tokenizer.load(run_dir / "tokenizer")
+    dm = TranslationDataModule(**data, tokenizer=tok)
+    dm.setup("test")
+    rows = subset_rows(len(dm.references("valid")), SUBSET)
+    assert dm.dataloader("valid", rows=rows).batch_sampler.num_batches % 2 == 1  # a change to the corpus or
+    assert dm.dataloader("valid").batch_sampler.num_batches % 2 == 1  # tokenizer could make them even
+    logged = {}
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("valid/bleu"):
+                logged[int(row["step"]) + 1] = (float(row["valid/bleu"]), float(row["valid/loss"]))
+    assert sorted(logged) == [3, 6]
+    for step, (bleu, loss) in logged.items():
+        model, _ = load_model(run_dir / "checkpoints" / f"step{step}.ckpt")
+        hyps = translate_batches(model, dm.dataloader("valid", rows=rows), make_decoder(**cfg.eval.decoder), tok.decode)
+        refs = dm.references("valid")
+        assert sorted(hyps) == list(rows)
+        assert bleu == pytest.approx(score([hyps[i] for i in rows], [refs[i] for i in rows])["bleu"], abs=1e-4)
+        total = ntok = 0.0
+        with torch.no_grad():
+            for b in dm.dataloader("valid"):
+                lo, _ = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
+                                   model.cfg.pad_id, cfg.optim.get("label_smoothing_convention", "uniform"))
+                total, ntok = total + lo.item(), ntok + int(b["tgt_out"].ne(model.cfg.pad_id).sum())
+        assert loss == pytest.approx(total / ntok, rel=1e-6)  # float32 in the CSV
+
+
+SUBSET = 15  # of the 40 valid sentences: 3 batches at eval_max_tokens 512 (odd: a rank repeats one; the loss: 7)

@@ -98,6 +98,23 @@ def test_a_new_model_key_at_its_default_keeps_the_pinned_names(key):
         assert identity.identity_hash(changed) != name.rsplit("-", 1)[1]
 
 
+
+def test_valid_subset_at_its_default_keeps_the_pinned_names():
+    """eval.valid_subset (issue 36) at null, or absent (a config from before it), names every pinned run
+    as before; a subset is another run (its best checkpoint is chosen on other sentences)."""
+    from omegaconf import open_dict
+
+    for overrides, name in PINNED:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            typed = compose(config_name="config", overrides=overrides + ["eval.valid_subset=null"])
+            subset = compose(config_name="config", overrides=overrides + ["eval.valid_subset=200"])
+        corpus = "bible_fr_en" if "data=bible_fr_en" in overrides else "bible_de_en"
+        assert typed.eval.valid_subset is None and identity.run_name(typed) == f"{corpus}-{name}"
+        with open_dict(typed):
+            del typed.eval["valid_subset"]
+        assert identity.run_name(typed) == f"{corpus}-{name}"
+        assert identity.identity_hash(subset) != name.rsplit("-", 1)[1]
+
 def test_a_started_run_is_named_alike_by_its_folder_and_its_record(tmp_path):
     """finetune=/resume= with a checkpoint whose model changes a key that others interpolate
     (data.max_positions follows model.max_positions; callbacks.drophead_schedule.p follows

@@ -4,7 +4,8 @@ one claim id is judged the same way in every study."""
 import json
 from dataclasses import replace
 
-from normlab.study.fixed import change_lines, definition, definition_hash, same_kind_across_studies, update_lock
+from normlab.study.fixed import (RULES, change_lines, definition, definition_hash, moved_lines, same_kind_across_studies,
+                                 update_lock)
 from normlab.study.spec import Claim, available, load_study
 
 C = Claim(id="w", claim="no warmup costs < 1 BLEU", source="p", paper="x", better="a", than="b", kind="similar",
@@ -41,6 +42,26 @@ def test_a_study_without_records_may_change_its_claims_then_they_are_fixed(tmp_p
     extra = replace(C, id="new")
     assert update_lock(tmp_path, [C, extra], {"w": "inconclusive"}, has_records=True, today="d4") == {}
     assert json.loads((tmp_path / "claims.lock.json").read_text())["new"]["added_after_data"] is True
+
+
+def test_a_verdict_that_moves_under_a_fixed_definition_says_whether_the_rules_or_the_records_moved_it(tmp_path):
+    """Issue 35 item 8: the README says what changed from the previous verdicts and why."""
+    # a lock written before the rules were recorded: judged by the first rules (the bootstrap)
+    (tmp_path / "claims.lock.json").write_text(json.dumps(
+        {"w": {"fixed": definition(C), "hash": definition_hash(C), "fixed_on": "d0", "verdict": "contradicted"}}))
+    assert moved_lines(tmp_path) == []
+    assert update_lock(tmp_path, [C], {"w": "budget-bound"}, has_records=True, today="d1") == {}
+    entry = json.loads((tmp_path / "claims.lock.json").read_text())["w"]
+    assert entry["verdict"] == "budget-bound" and entry["rules"] == RULES
+    assert entry["history"] == [{"verdict": "contradicted", "rules": "bootstrap", "until": "d1"}]
+    text = "\n".join(moved_lines(tmp_path))
+    assert f"| w | contradicted | d1 | budget-bound | the rules: bootstrap → {RULES} |" in text
+    assert "**bootstrap**: the two-level bootstrap" in text
+    # the same verdict again moves nothing; new records under the same rules say so
+    update_lock(tmp_path, [C], {"w": "budget-bound"}, has_records=True, today="d2")
+    assert len(json.loads((tmp_path / "claims.lock.json").read_text())["w"]["history"]) == 1
+    update_lock(tmp_path, [C], {"w": "held"}, has_records=True, today="d3")
+    assert "| w | budget-bound | d3 | held | the records (runs added or continued) |" in "\n".join(moved_lines(tmp_path))
 
 
 def test_one_claim_id_is_one_kind_in_every_shipped_study():

@@ -38,6 +38,9 @@ def one_error_line(capsys) -> str:
     ("data=custom", "error: data.train_src: no value given (the config says ???): set it with data.train_src=...; "),
     ("trainer.val_check_interval=0", "error: trainer.val_check_interval: 0 is not valid (allowed: "),
     ("eval.test_decoder.lenpen=abc", "error: eval.test_decoder.lenpen: 'abc' is not valid (allowed: "),
+    ("eval.valid_subset=0", "error: eval.valid_subset: 0 is not valid (allowed: an integer number of valid "
+                            "sentences > 0, or null for all)"),
+    ("eval.valid_subset=0.5", "error: eval.valid_subset: 0.5 is not valid (allowed: an integer number of valid "),
     ("resume=nowhere.ckpt", "error: nowhere.ckpt: no such checkpoint file"),
     # found by a new user's trial: each used to crash late, leave a folder, or run silently wrong
     ("seed=-1", "error: seed: -1 is not valid (allowed: an integer in [0, 2**32 - 1])"),

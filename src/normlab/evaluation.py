@@ -58,6 +58,16 @@ def translate_batches(model: torch.nn.Module, batches: Iterable[dict], decode: D
     return out
 
 
+def subset_rows(n: int, size: int | None) -> tuple[int, ...] | None:
+    """`size` of a split's n sentences for validation BLEU during training (eval.valid_subset): every
+    (n / size)-th in the file's order (row i * n // size), spread over the whole file and the same at
+    every validation and for every run seed, so the best checkpoint compares one set of sentences.
+    None (all, the pass as before) when size is None or not below n."""
+    if size is None or size >= n:
+        return None
+    return tuple(i * n // size for i in range(size))
+
+
 def ordered(hyps: dict[int, str], n: int) -> list[str]:
     missing = [i for i in range(n) if i not in hyps]
     if missing:

@@ -62,6 +62,7 @@ NEUTRAL = {
     # training to a plateau (issue 35): off, every run trains to max_steps as before
     "callbacks.plateau": {"_target_": "normlab.callbacks.plateau.PlateauStop", "window": None, "min_delta": 0.01,
                           "monitor": "valid/loss"},
+    "eval.valid_subset": None,  # validation BLEU on a subset of the valid set (issue 36): off, all of it
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

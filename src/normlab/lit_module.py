@@ -9,10 +9,13 @@ back-propagates its summed loss and the accumulated gradient is divided by the u
 count once, before clipping and the optimizer step (on_before_optimizer_step; fairseq's
 multiply_grads).
 Validation: loss, perplexity (e^nll per token) and sacreBLEU of decoded output; the final passes
-(final_test.py) score the same way outside Lightning's loops.
+(final_test.py) score the same way outside Lightning's loops. With eval.valid_subset, validation
+during training decodes a fixed subset of the valid sentences (evaluation.subset_rows) while its
+loss covers them all; the final valid pass decodes them all.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -23,11 +26,12 @@ import torch
 import torch.distributed as dist
 
 from normlab.config import ModelConfig
-from normlab.evaluation import make_decoder, ordered, score, translate_batches
+from normlab.evaluation import make_decoder, ordered, score, subset_rows, translate_batches
 from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
 from normlab.private_api import logs_this_step
+from normlab.scoring import num_batches
 
 
 log = logging.getLogger("normlab")
@@ -47,7 +51,8 @@ def score_line(label: str, logged: dict[str, float], result: dict) -> str:
     """`<label>: loss 5.82  ppl 326.19  bleu 0.01  chrf 0.01` (nll left out), the log's line for one pass."""
     shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
     partial = f"  (partial: {result['partial']})" if "partial" in result else ""
-    return f"{label}: {shown}{partial}"
+    subset = f"  (bleu and chrf on {result['subset']})" if "subset" in result else ""
+    return f"{label}: {shown}{subset}{partial}"
 
 
 class Seq2SeqModule(L.LightningModule):
@@ -193,6 +198,9 @@ class Seq2SeqModule(L.LightningModule):
     def reset_eval(self) -> None:
         self._batch_sums: dict[int, tuple[float, float, int]] = {}  # loss, nll, ntokens by batch
         self._hyps: dict[int, str] = {}
+        # the sentences this pass's BLEU is over when not all: validation's subset (eval.valid_subset,
+        # set by on_validation_epoch_start); the final passes, which reset here, score every sentence
+        self._bleu_rows: tuple[int, ...] | None = None
 
     def hold_stall(self, held: bool) -> None:
         """The stall guard's word (callbacks/stall.py): while a stall is held, validation scores the
@@ -220,10 +228,26 @@ class Seq2SeqModule(L.LightningModule):
         return self.trainer.datamodule.tokenizer.decode(ids)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.eval_step(batch, self.decoder("valid"))
+        # with a subset, the loss here; the subset is decoded at the epoch's end (_decode_subset)
+        self.eval_step(batch, self.decoder("valid") if self._bleu_rows is None else None)
 
     def on_validation_epoch_start(self) -> None:
         self.reset_eval()
+        size = self.eval_cfg.get("valid_subset")
+        if size is not None and self.decoder("valid") is not None:
+            self._bleu_rows = subset_rows(len(self.trainer.datamodule.references("valid")), size)
+
+    def _decode_subset(self, rows: tuple[int, ...]) -> None:
+        """The subset's hypotheses (this rank's shard): its sentences in batches of their own, since the
+        whole set's batches cut to the subset would run as many decoder steps for fewer sentences; cut to
+        trainer.limit_val_batches as the loss's batches are (debugging runs: a partial BLEU)."""
+        trainer = self.trainer
+        loader = trainer.datamodule.dataloader("valid", rows=rows)
+        decode = self.decoder("valid")
+        with trainer.precision_plugin.val_step_context():  # as Lightning runs validation_step
+            for batch in itertools.islice(loader, num_batches(len(loader), trainer.limit_val_batches, "valid")):
+                self._hyps.update(translate_batches(self.model, [trainer.strategy.batch_to_device(batch)], decode,
+                                                    self._detok))
 
     def _gather(self) -> tuple[torch.Tensor, dict[int, str]]:
         """(loss, nll, ntokens summed over the split's batches, hypotheses by sentence) of every rank."""
@@ -248,6 +272,10 @@ class Seq2SeqModule(L.LightningModule):
         result: dict = dict(metrics)
         if hyps and not self.trainer.sanity_checking:
             refs = self.trainer.datamodule.references(split)
+            if self._bleu_rows is not None:  # validation's subset: its sentences, numbered 0..N-1
+                rows = self._bleu_rows
+                result["subset"] = f"{len(rows)} of {len(refs)} sentences"
+                refs, hyps = [refs[i] for i in rows], {k: hyps[i] for k, i in enumerate(rows) if i in hyps}
             if len(hyps) < len(refs) and self._limited(split):  # fast_dev_run / limit_*_batches: BLEU over
                 idx = sorted(hyps)                               # what was decoded, marked partial
                 refs, result["partial"] = [refs[i] for i in idx], f"{len(idx)} of {len(refs)} sentences"
@@ -264,6 +292,8 @@ class Seq2SeqModule(L.LightningModule):
         return bool(t.fast_dev_run) or bool(t.overfit_batches) or isinstance(limit, int) or limit < 1.0
 
     def on_validation_epoch_end(self) -> None:
+        if self._bleu_rows is not None and not self.trainer.sanity_checking:
+            self._decode_subset(self._bleu_rows)
         metrics, result = self.split_result("valid")
         logged = {f"valid/{k}": v for k, v in metrics.items()}
         # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).

@@ -140,6 +140,8 @@ def _validate_eval(ev: Any) -> None:
     for key in ("valid_bleu", "test", "test_greedy", "test_average"):
         if key in ev:
             check_bool(f"eval.{key}", ev[key])
+    check_number("eval.valid_subset", ev.get("valid_subset"), "an integer number of valid sentences > 0, or null "
+                 "for all", lambda v: v > 0, integer=True, null=True)
     for name in ("decoder", "test_decoder"):
         d = ev.get(name)
         if d is None:

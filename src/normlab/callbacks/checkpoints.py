@@ -27,7 +27,8 @@ class RunCheckpoint(ModelCheckpoint):
 
 class BestCheckpoint(RunCheckpoint):
     """last.ckpt and best-step<N>.ckpt by `monitor`. With validation BLEU off (`eval.valid_bleu:
-    false`) a BLEU monitor is never logged: the best is then the lowest `valid/loss`.
+    false`) a BLEU monitor is never logged: the best is then the lowest `valid/loss`. With
+    `eval.valid_subset` the logged valid/bleu is the subset's, and so is the choice.
 
     A validation that scored the loss only while a stall was held (callbacks/stall.py,
     lit_module.decode_valid) has no valid/bleu or valid/chrf: it ranks below every decoded one, as

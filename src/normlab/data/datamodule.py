@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import lightning as L
 import numpy as np
@@ -199,13 +200,20 @@ class TranslationDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return None if trainer is None else trainer.current_epoch
 
-    def dataloader(self, split: str) -> BatchLoader:
-        """Train: shuffled batches, new order each epoch, resumable. Other splits: length-sorted, fixed."""
+    def dataloader(self, split: str, rows: Sequence[int] | None = None) -> BatchLoader:
+        """Train: shuffled batches, new order each epoch, resumable. Other splits: length-sorted, fixed.
+        `rows` (a held-out split): only those sentences, sources only (decoding a subset: batch["idx"]
+        still numbers the split's sentences), in batches of their own, sharded as the whole split is."""
         if not self.datasets:
             self.setup()
         num_replicas, rank = self._replicas()
         train = split == "train"
-        loader = batch_loader(self.datasets[split], self.max_tokens if train else self.eval_max_tokens,
+        dataset = self.datasets[split]
+        if rows is not None:
+            if train:
+                raise ValueError("rows= selects sentences of a held-out split, not of train")
+            dataset = PairDataset(dataset.src, None, dataset.rows[np.asarray(rows, dtype=np.int64)], dataset.limit)
+        loader = batch_loader(dataset, self.max_tokens if train else self.eval_max_tokens,
                               shuffle=train and self.shuffle, seed=self.seed, num_replicas=num_replicas, rank=rank,
                               epoch_fn=self._epoch if train else None, num_workers=self.num_workers)
         release_freed_memory()  # the batch order's temporaries

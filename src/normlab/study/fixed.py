@@ -20,6 +20,17 @@ from pathlib import Path
 
 DEFINITION = ("kind", "margin", "better", "than", "metric", "than_metric", "direction")
 
+# The verdict rules a verdict was given under: a lock entry written before they were recorded was
+# judged by the first ones. A verdict that moves under an unchanged definition is kept in the entry's
+# `history` with the rules it had, so the README can say whether the rules or the records moved it.
+FIRST_RULES = "bootstrap"
+RULES = "seed-2026-11-27"
+RULES_TEXT = {
+    FIRST_RULES: "the two-level bootstrap over 2-3 seeds and test sentences; 'trains' = above the unigram floor",
+    RULES: "seed-level t intervals pooled per regime family, 'inconclusive (needs N seeds)', the trains bar "
+           "('learns, far behind'), 'budget-bound' for an arm stopped at its cap still improving (issue 35)",
+}
+
 
 def definition(claim) -> dict:
     """What decides a claim's verdict (margin only where the kind reads it)."""
@@ -54,11 +65,11 @@ def update_lock(out: Path, claims, verdicts: dict[str, str], has_records: bool, 
         now, h = definition(c), definition_hash(c)
         entry = lock.get(c.id)
         if entry is None:
-            lock[c.id] = {"fixed": now, "hash": h, "fixed_on": today, "verdict": verdicts.get(c.id),
+            lock[c.id] = {"fixed": now, "hash": h, "fixed_on": today, "verdict": verdicts.get(c.id), "rules": RULES,
                           **({} if first else {"added_after_data": True})}
             continue
         if entry.get("hash") == h:
-            entry["verdict"] = verdicts.get(c.id)
+            _judged(entry, verdicts.get(c.id), today)
             continue
         changes[c.id] = {"fixed": entry.get("fixed"), "now": now, "verdict_then": entry.get("verdict"),
                          "verdict_now": verdicts.get(c.id), "why": getattr(c, "changed", None) or "no reason given",
@@ -68,6 +79,34 @@ def update_lock(out: Path, claims, verdicts: dict[str, str], has_records: bool, 
     tmp.write_text(json.dumps(lock, indent=2, sort_keys=True, default=str) + "\n")
     tmp.replace(out / "claims.lock.json")
     return changes
+
+
+def _judged(entry: dict, verdict: str | None, today: str) -> None:
+    """Record today's verdict under the fixed definition; the one it replaces goes to the history."""
+    if verdict != entry.get("verdict"):
+        entry.setdefault("history", []).append({"verdict": entry.get("verdict"),
+                                                "rules": entry.get("rules", FIRST_RULES), "until": today})
+    entry["verdict"], entry["rules"] = verdict, RULES
+
+
+def moved_lines(out: Path) -> list[str]:
+    """The README's section on verdicts that moved under an unchanged definition: each claim's last
+    move, and whether the verdict rules or the records moved it."""
+    moves = [(cid, e["history"][-1], e.get("verdict")) for cid, e in sorted(read_lock(out).items())
+             if isinstance(e, dict) and e.get("history")]
+    if not moves:
+        return []
+    lines = ["## Verdicts that moved", "",
+             "The claim's definition is the fixed one; its verdict changed when the verdict rules or the "
+             "records did (claims.lock.json keeps each earlier verdict with the rules it was given under). "
+             "The rules: " + "; ".join(f"**{r}**: {RULES_TEXT.get(r, r)}" for r in
+                                       dict.fromkeys([*(t.get("rules") for _, t, _ in moves), RULES])) + ".", "",
+             "| claim | verdict then | until | verdict now | why |", "|---|---|---|---|---|"]
+    for cid, then, now in moves:
+        why = (f"the rules: {then.get('rules')} → {RULES}" if then.get("rules") != RULES
+               else "the records (runs added or continued)")
+        lines.append(f"| {cid} | {then.get('verdict') or '—'} | {then.get('until')} | {now or '—'} | {why} |")
+    return lines + [""]
 
 
 def change_lines(changes: dict[str, dict]) -> list[str]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from normlab.hardware import cpu_text
 from normlab.study.claims import Verdict, statuses
-from normlab.study.fixed import change_lines, update_lock
+from normlab.study.fixed import change_lines, moved_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
 from normlab.study.screen_report import screen_lines
@@ -199,7 +199,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
                  f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
               *screen_lines(study, out, max(c["steps"] or [0]) or None),
-              "## Claims", "", *claims_lines(claims), *change_lines(changes)]
+              "## Claims", "", *claims_lines(claims), *change_lines(changes), *moved_lines(out)]
     lines += probe_lines
     metrics = study.table_metrics
     lines += ["## Arms (mean ± sd over completed seeds)", "",
