@@ -120,6 +120,7 @@ def _status(study, runs: Path, out: Path, records: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from normlab.study.claims import judge, read_refs
+    from normlab.study.screen_outcome import load_screens
     from normlab.study.index import update_index
     from normlab.study.readme import write_study
     from normlab.study.records import load_records
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
         failed = len(sweep.failed)
     by_arm = load_records(out)
-    verdicts = judge(study, by_arm, read_refs(out / "test.ref.gz"))
+    verdicts = judge(study, by_arm, read_refs(out / "test.ref.gz"), load_screens(study, out))
     readme = write_study(study, by_arm, verdicts, out, command)
     if study.budget == "full" and not args.out:
         update_index(Path("experiments") / "README.md")

@@ -31,13 +31,18 @@ sentences): it never decides.
 Outcomes (how the runs ended):
 - fails (A diverges or stalls, the paper's "failed to train"): `held` when every seed of A ended
   diverged or stalled, `contradicted` when every seed completed, `inconclusive` when mixed.
+  In a screened study `held` also when A diverged or stalled at every setting of its learning-rate
+  screen (then no setting is chosen and no seed runs: study/screen_outcome.py).
 - trains: `contradicted` when every seed diverged or stalled, `inconclusive` when mixed. When every
   seed completed: `held` in a study without `reference:`; with one, `held` only when A ends within
   the study's trains_bar of the reference arm: its mean valid NLL at most valid_nll nats (default
   0.3) above the reference's, or its mean test BLEU at least test_bleu_ratio (default 0.5) of the
   reference's (the cell says which was met), else `learns, far behind`; `no score` when the
   reference has no completed seed to measure against, `not run` when it has no record. A run still
-  improving at the cap is noted: the bar says where the arm ended at this budget.
+  improving at the cap is noted: the bar says where the arm ended at this budget. "A trains where F
+  fails" (`where_fails: F`) in a screened study is judged on the screens too: a held verdict stays
+  held only when A trained at every setting where F diverged or stalled (contradicted at none,
+  inconclusive at some); when F trained at every setting the note says the part is untested.
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
 metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
 comparison.
@@ -124,14 +129,18 @@ def pick(study: Study, side: str, by_arm: dict[str, list[Record]]) -> tuple[str,
     return best, f"{side} = {best} (best of {', '.join(group['arms'])} by mean {by}, fewest seeds that failed to train first)"
 
 
-def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None) -> list[Verdict]:
-    return [judge_one(study, c, by_arm, refs) for c in study.claims]
+def judge(study: Study, by_arm: dict[str, list[Record]], refs: list[str] | None,
+          screens: dict[str, dict] | None = None) -> list[Verdict]:
+    """screens: {arm: its screen's record} (screen_outcome.load_screens) for the outcome claims."""
+    return [judge_one(study, c, by_arm, refs, screens or {}) for c in study.claims]
 
 
-def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs: list[str] | None) -> Verdict:
+def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs: list[str] | None,
+              screens: dict[str, dict] | None = None) -> Verdict:
     a, note_a = pick(study, claim.better, by_arm)
     if claim.kind in ("fails", "trains"):
-        return outcome(study, claim, a, note_a, by_arm)
+        v = outcome(study, claim, a, note_a, by_arm)
+        return on_screens(v, claim, a, screens or {})
     b, note_b = pick(study, claim.than, by_arm)
     ma, mb = claim.metric, claim.than_metric or claim.metric
     A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(ma) is not None}
@@ -235,6 +244,24 @@ def outcome(study: Study, claim: Claim, a: str, note: str, by_arm: dict[str, lis
     if study.plateau is not None:
         arms, _ = improving(study, {a: recs})
         v.note = "; ".join(filter(None, [v.note, improving_text(study, arms) if arms else ""]))
+    return v
+
+
+def on_screens(v: Verdict, claim: Claim, a: str, screens: dict[str, dict]) -> Verdict:
+    """The screen's part of an outcome claim (study/screen_outcome.py): a fails claim holds when the arm
+    failed at every setting of its screen; "A trains where F fails" needs A to train where F failed."""
+    from normlab.study.screen_outcome import fails_on_screen, where_fails
+
+    if claim.kind == "fails":
+        everywhere, line = fails_on_screen(screens.get(a))
+        if everywhere:
+            v.verdict = "held"
+        v.note = "; ".join(filter(None, [v.note, line]))
+    elif claim.where_fails:
+        part, line = where_fails(a, screens.get(a), claim.where_fails, screens.get(claim.where_fails))
+        if part is not None and v.verdict == "held":
+            v.verdict = part
+        v.note = "; ".join(filter(None, [v.note, line]))
     return v
 
 

@@ -37,6 +37,8 @@ def definition(claim) -> dict:
     d = {k: getattr(claim, k) for k in DEFINITION}
     if d["kind"] not in ("similar", "no_worse"):
         d.pop("margin")
+    if getattr(claim, "where_fails", None):  # only where set: the claims fixed before it existed keep their hash
+        d["where_fails"] = claim.where_fails
     return d
 
 

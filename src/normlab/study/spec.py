@@ -88,6 +88,7 @@ class Claim:
                                      # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
     carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
     changed: str | None = None  # why the definition differs from the one its first records fixed (study/fixed.py)
+    where_fails: str | None = None  # trains claims: "trains where this arm fails", judged on the screens
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def load_study(name: str, budget: str = "full") -> Study:
         at = f"{where}: claims[{i}]"
         c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
                   **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                          "paper_effect", "carried_from", "changed") if k in node})
+                                          "paper_effect", "carried_from", "changed", "where_fails") if k in node})
         for key in ("id", "claim", "source", "paper", "better"):
             if not getattr(c, key):
                 raise UserError(f"{at}.{key}", "missing")
@@ -235,6 +236,8 @@ def load_study(name: str, budget: str = "full") -> Study:
         for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
             if side not in arms and side not in best_of:
                 raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
+        if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):
+            raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
         claims.append(c)
     budgets = raw.get("budgets") or {}
     if budget not in ("full", *budgets, "smoke"):
