@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.study.verify_why import RerunCode, record_legs, recorded_threads  # noqa: F401 (the tests read them here)
 
 LOSSES = ("train/loss", "train/nll")  # what training logs (lit_module.training_step), compared as written
 # torch's ATen kernel families on x86, lowest first: a lower one than the CPU's can be asked for
@@ -65,11 +65,6 @@ def logged_losses(metrics: Path) -> dict[int, dict[str, str]]:
             if vals and str(row.get("step", "")).isdigit():
                 out[int(row["step"])] = vals
     return out
-
-
-def recorded_threads(res: dict) -> int | None:
-    m = re.search(r", (\d+) threads?$", str(res.get("device") or ""))
-    return int(m.group(1)) if m else None
 
 
 def rerun_env(res: dict, here: dict, env: dict | None = None) -> tuple[dict, list[str]]:
@@ -110,29 +105,6 @@ def steps_to_compare(theirs: dict[int, dict[str, str]], steps: int, name: str) -
     if first <= steps:
         return steps, []
     return first, [f"--steps {steps}: {name} logged its first loss at step {first}, so {first}"]
-
-
-@dataclass
-class RerunCode:
-    """The code the rerun runs: this checkout's (root None), or the record's commit's src/ and conf/
-    exported under root, and how it is paused after the steps."""
-    pause: list[str]
-    commit: str | None = None  # the record's commit when the rerun runs its code
-    root: Path | None = None
-    by_signal: bool = False  # paused by pause_at.py (code before stop_at_step): exit 143, "preempted"
-    notes: list[str] = field(default_factory=list)
-
-
-def record_legs(res: dict, steps: int) -> list[dict]:
-    """The legs of the record's code (provenance.code_legs) that trained some of its first `steps`
-    steps, each with `n`, how many; a record from before code_legs: its code (its last leg's, or
-    none) from step 0."""
-    legs = res.get("code_legs") if isinstance(res.get("code_legs"), list) else None
-    legs = sorted(legs or [{"from_step": 0, **(res.get("code") or {"commit": None})}],
-                  key=lambda g: int(g.get("from_step") or 0))
-    ends = [int(g.get("from_step") or 0) for g in legs[1:]] + [steps]
-    return [{**g, "n": min(end, steps) - int(g.get("from_step") or 0)}
-            for g, end in zip(legs, ends) if int(g.get("from_step") or 0) < steps]
 
 
 def rerun_code(res: dict, steps: int, dest: Path) -> RerunCode:

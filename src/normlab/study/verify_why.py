@@ -10,9 +10,37 @@ does not have.
 """
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from normlab.study.verify import RerunCode, record_legs, recorded_threads
+
+def recorded_threads(res: dict) -> int | None:
+    m = re.search(r", (\d+) threads?$", str(res.get("device") or ""))
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class RerunCode:
+    """The code the rerun runs: this checkout's (root None), or the record's commit's src/ and conf/
+    exported under root, and how it is paused after the steps."""
+    pause: list[str]
+    commit: str | None = None  # the record's commit when the rerun runs its code
+    root: Path | None = None
+    by_signal: bool = False  # paused by pause_at.py (code before stop_at_step): exit 143, "preempted"
+    notes: list[str] = field(default_factory=list)
+
+
+def record_legs(res: dict, steps: int) -> list[dict]:
+    """The legs of the record's code (provenance.code_legs) that trained some of its first `steps`
+    steps, each with `n`, how many; a record from before code_legs: its code (its last leg's, or
+    none) from step 0."""
+    legs = res.get("code_legs") if isinstance(res.get("code_legs"), list) else None
+    legs = sorted(legs or [{"from_step": 0, **(res.get("code") or {"commit": None})}],
+                  key=lambda g: int(g.get("from_step") or 0))
+    ends = [int(g.get("from_step") or 0) for g in legs[1:]] + [steps]
+    return [{**g, "n": min(end, steps) - int(g.get("from_step") or 0)}
+            for g, end in zip(legs, ends) if int(g.get("from_step") or 0) < steps]
 
 
 def reasons(res: dict, mine: dict, steps: int, record: Path | None = None, code: RerunCode | None = None) -> list[str]:
