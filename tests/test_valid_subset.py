@@ -1,7 +1,6 @@
 """eval.valid_subset (issue 36): validation BLEU during training decodes a fixed subset of the valid
 sentences, the same at every validation, while the validation loss and the final valid pass cover
 the whole set; at null (or a size not below the set's) every pass is today's, bit for bit."""
-import csv
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from normlab.evaluation import score, subset_rows
 from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
+from test_final_test import logged_validations
 
 VALID = 40  # sentences in conftest.small_corpus's valid split
 
@@ -23,17 +23,6 @@ def test_the_subset_is_every_nth_sentence_of_the_file():
     assert all(b > a for a, b in zip(rows, rows[1:]))  # distinct, in the file's order
     assert subset_rows(1000, 300) == rows  # a function of the sizes alone: every validation, every seed
     assert subset_rows(VALID, None) is None and subset_rows(VALID, VALID) is None and subset_rows(VALID, 10**6) is None
-
-
-def _valid_rows(run_dir) -> dict[int, dict[str, float]]:
-    """{step: valid/* values} as the CSV logger wrote each validation."""
-    out: dict[int, dict[str, float]] = {}
-    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            vals = {k: float(v) for k, v in row.items() if k.startswith("valid/") and v not in ("", None)}
-            if vals:
-                out.setdefault(int(row["step"]), {}).update(vals)
-    return out
 
 
 def _run(small_corpus, tmp_path, name: str, monkeypatch, *extra: str):
@@ -84,7 +73,7 @@ def test_a_small_subset_decodes_those_sentences_at_every_validation(whole, small
     assert final[1] is None and sorted(final[2]) == list(range(VALID)) and "subset" not in final[3]
     assert results["valid_bleu"] == final[3]["bleu"]  # results.json: the whole set's
     # the loss of every validation is the whole set's: the run without a subset logged the same
-    logged, logged_whole = _valid_rows(tmp_path / "run"), _valid_rows(_dir(whole))
+    logged, logged_whole = logged_validations(tmp_path / "run"), logged_validations(_dir(whole))
     assert {s: v["valid/loss"] for s, v in logged.items()} == {s: v["valid/loss"] for s, v in logged_whole.items()}
     assert [logged[s]["valid/bleu"] for s in sorted(logged)] == pytest.approx([p[3]["bleu"] for p in validations])
     # the best checkpoint is chosen by the subset's BLEU (the first of a tie: a strict improvement)
@@ -97,7 +86,7 @@ def test_a_subset_of_the_whole_set_is_todays_pass_bit_for_bit(whole, small_corpu
     w_results, w_decoded, w_passes = whole
     assert decoded == w_decoded and [p[1] for p in passes] == [None] * 3
     assert [(p[0], p[2], p[3]) for p in passes] == [(p[0], p[2], p[3]) for p in w_passes]
-    assert _valid_rows(tmp_path / "run") == _valid_rows(_dir(whole))
+    assert logged_validations(tmp_path / "run") == logged_validations(_dir(whole))
     keys = [k for k in w_results if k.startswith("valid_")]
     assert keys and {k: results[k] for k in keys} == {k: w_results[k] for k in keys}
 
