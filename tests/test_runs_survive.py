@@ -343,6 +343,8 @@ def test_rungs_of_a_screen_pause_and_continue_exactly(reference, small_corpus, t
     first = run(compose_cfg(args + ["callbacks.preemption.stop_at_step=8"]))
     assert (first["status"], first["stopped_by"], first["steps"]) == ("stopped", "stop_at_step", 8)
     assert "valid_loss" not in first and "stopped by callbacks.preemption.stop_at_step=8 at step 8" in capsys.readouterr().out
+    # the floor L* of the targets trained on, on a paused run too: a screen reads its rung against it
+    assert 3.0 < first["input_independent_loss"] < 10.0
     assert [s for s, _ in full_checkpoints(tmp_path / "run" / "checkpoints")][0] == 8
     rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r.get("valid/loss")]
     assert [r["step"] for r in rows] == ["7"]  # the rung's validation, what the screen ranks by
@@ -351,6 +353,7 @@ def test_rungs_of_a_screen_pause_and_continue_exactly(reference, small_corpus, t
     assert run(compose_cfg(args + ["callbacks.preemption.stop_at_step=16"]))["steps"] == 16
     results = run(compose_cfg(args))
     assert results["status"] == "completed" and results["identity_hash"] == first["identity_hash"]
+    assert results["input_independent_loss"] != first["input_independent_loss"]  # counted over more targets
     assert_same_run(ref, tmp_path / "run", "paused at 8 and 16")
     assert run(compose_cfg(args + ["callbacks.preemption.stop_at_step=24"]))["status"] == "completed"  # at the end: done
 

@@ -262,6 +262,8 @@ def _run(spec: RunSpec) -> dict[str, Any]:
             print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
                   "to continue")
         results.update(outcome.reasons)
+        if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
+            results.setdefault("input_independent_loss", stall.floor)
         plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
         if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
             results["plateau"] = plateau.summary(trainer)

@@ -103,6 +103,7 @@ class StallGuard(L.Callback):
         self._start_step = -1
         self.window, self.patience, self.margin, self.min_delta = window, patience, margin, min_delta
         self.after_step = after_step
+        self.floor: float | None = None  # L*, once _decide has computed it
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
         self.counts: torch.Tensor | None = None
         self.ended: dict | None = None  # the stall record once this guard ended the run (checkpointed)
@@ -172,13 +173,20 @@ class StallGuard(L.Callback):
         if hasattr(pl_module, "hold_stall"):  # Seq2SeqModule (a test's bare module has none)
             pl_module.hold_stall(self.detected is not None or self.ended is not None)
 
+    def _floor(self, trainer, pl_module, reduce: bool = True) -> float:
+        """L* of the targets trained on so far (one reduction over ranks: every rank calls it; without,
+        this rank's targets); kept for results.json's input_independent_loss on every run (a screen
+        reads its rungs against it)."""
+        o = getattr(pl_module, "optim_cfg", {})
+        counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum") if reduce else self.counts.double()
+        counts[pl_module.model_cfg.pad_id] = 0  # target tokens only
+        self.floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
+                                            o.get("label_smoothing_convention", "uniform"))
+        return self.floor
+
     def _decide(self, trainer, pl_module) -> dict | None:
         """The stall record if the criterion holds now (one reduction over ranks), else None."""
-        o = getattr(pl_module, "optim_cfg", {})
-        counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum")
-        counts[pl_module.model_cfg.pad_id] = 0  # target tokens only
-        floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
-                                       o.get("label_smoothing_convention", "uniform"))
+        floor = self._floor(trainer, pl_module)
         losses = trainer.strategy.reduce(torch.stack(list(self.losses)), reduce_op="mean").tolist() if self.losses else []
         reason = is_stalled(losses, floor, self.window, self.patience, self.margin, self.min_delta)
         if reason and all(math.isfinite(x) for x in losses):
@@ -194,7 +202,10 @@ class StallGuard(L.Callback):
         pl_module.print(f"training stalled: {stall['stall_reason']}{stopped}")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.margin is None or self.counts is None or not self.outcome.running:
+        if self.margin is None or self.counts is None:
+            return
+        if not self.outcome.running:  # paused (a screen's rung) or ended otherwise: its floor still recorded
+            self._floor(trainer, pl_module)
             return
         stall = self._decide(trainer, pl_module)
         if stall is not None:
@@ -202,6 +213,12 @@ class StallGuard(L.Callback):
         else:  # a stall held at the last check but not at the end (training ended between checks):
             self.detected = None  # the run completed, and its final valid pass decodes (review)
             self._hold(pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        """A pause after a checkpoint (a screen's rung) ends fit by an exception, without on_train_end:
+        the floor of this rank's targets (no collective: another rank may not be here)."""
+        if self.margin is not None and self.counts is not None and self.floor is None:
+            self._floor(trainer, pl_module, reduce=False)
 
     def state_dict(self) -> dict:
         return {"losses": [float(x) for x in self.losses],

@@ -252,12 +252,16 @@ def on_screens(v: Verdict, claim: Claim, a: str, screens: dict[str, dict]) -> Ve
     failed at every setting of its screen; "A trains where F fails" needs A to train where F failed."""
     from normlab.study.screen_outcome import fails_on_screen, where_fails
 
+    everywhere, line = fails_on_screen(screens.get(a))
     if claim.kind == "fails":
-        everywhere, line = fails_on_screen(screens.get(a))
-        if everywhere:
-            v.verdict = "held"
+        if everywhere:  # no seed ran (nothing chosen): held; seeds that trained beside it: say both
+            v.verdict = "held" if v.verdict in ("not run", "held") else "inconclusive"
         v.note = "; ".join(filter(None, [v.note, line]))
-    elif claim.where_fails:
+        return v
+    if everywhere and v.verdict == "not run":  # a trains claim of an arm that failed at every setting
+        v.verdict = "contradicted"
+        v.note = "; ".join(filter(None, [v.note, line]))
+    if claim.where_fails:
         part, line = where_fails(a, screens.get(a), claim.where_fails, screens.get(claim.where_fails))
         if part is not None and v.verdict == "held":
             v.verdict = part

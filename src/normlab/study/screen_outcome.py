@@ -2,64 +2,78 @@
 
 The papers' "post-LN fails at depth" means it fails at the regimes its authors tried, not at one
 learning rate we picked. A screened study has each arm's screen (study/screen_run.py writes
-<out>/screen/<arm>.json: every setting's validation loss at each rung and how it ended), so:
-- fails: held when the arm diverged or stalled at every setting of its screen (then no setting is
-  chosen and no seed runs), judged on its seeds as before otherwise, with the screen shown;
-- "X trains where F fails" (a trains claim with `where_fails: F`): on the settings of the grid at
-  which F diverged or stalled, X reaches a lower validation loss at the first rung than F (which has
-  none there, or stayed at the floor). If F trained at every setting the part is untested and said so.
-A setting failed when its run diverged or stalled before the first rung or logged no finite value
-there (screen.rung_value).
+<out>/screen/<arm>.json when every rung is done: each setting's validation loss at the rungs it
+reached, how its run stood, and the input-independent floor L* of its data, callbacks/stall.py), so:
+- a setting failed when its run diverged or stalled, or its last value in the screen (at the last
+  rung it reached) is still at the floor: above L* − FLOOR_MARGIN, the stall guard's own band. The
+  guard needs window + patience steps after the warmup, so at a rung a warmup-1,000 setting or a
+  late stall is not yet flagged: the value says it;
+- fails: held when the arm failed at every setting of its screen (then nothing is chosen and no seed
+  runs); a trains claim of such an arm is contradicted;
+- "X trains where F fails" (a trains claim with `where_fails: F`): X did not fail at the settings at
+  which F failed (so its final loss there is below F's, which is at the floor or none). If F failed at
+  no setting the part is untested and said so.
+Only a screen on today's grid counts (as screen_run.choices takes it); a row whose run left no
+status (not run yet) makes the screen incomplete: nothing is judged on it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from normlab.outcome import FAILED_TO_TRAIN
-from normlab.study.screen import read_choice
+from normlab.study.screen import setting_name
+
+FLOOR_MARGIN = 0.25  # conf/callbacks/stall.yaml margin: "no better than ignoring the input"
+ENDED = ("stopped", "completed", *FAILED_TO_TRAIN)
 
 
 def load_screens(study, out: Path) -> dict[str, dict]:
-    """{arm: its screen's record (screen.write_choice's JSON, decided or not)} for every screened arm
-    that has one on today's grid."""
-    import json
-
+    """{arm: its screen's record (decided, or every setting failed)} for every screened arm whose
+    screen ran on today's grid."""
     if study.screen is None:
         return {}
+    grid = [setting_name(s) for s in study.screen.settings()]
     found = {}
-    for arm in study.arms.values():
-        path = out / "screen" / f"{arm.name}.json"
-        data = read_choice(path)
-        if data is None and path.is_file():  # every setting failed: decided, nothing chosen
-            try:
-                data = json.loads(path.read_text())
-            except ValueError:
-                data = None
-        if isinstance(data, dict) and data.get("settings"):
+    for arm in (a for a in study.arms.values() if study.screened(a)):
+        try:
+            data = json.loads((out / "screen" / f"{arm.name}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and [r.get("name") for r in data.get("settings") or []] == grid:
             found[arm.name] = data
     return found
 
 
-def first_values(screen: dict) -> dict[str, float | None]:
-    """{setting: its value at the first rung, None where it failed there}."""
-    first = str(screen["rungs"][0])
-    return {row["name"]: (None if row.get("status") in FAILED_TO_TRAIN else row.get("values", {}).get(first))
-            for row in screen["settings"]}
+def complete(screen: dict) -> bool:
+    return all(row.get("status") in ENDED for row in screen["settings"])
 
 
-def failed_settings(screen: dict) -> list[str]:
-    return [name for name, v in first_values(screen).items() if v is None]
+def last_value(row: dict) -> float | None:
+    """The setting's value at the last rung it reached (None: none there)."""
+    values = [v for _, v in sorted(((int(k), v) for k, v in (row.get("values") or {}).items()))]
+    return values[-1] if values else None
+
+
+def failed(row: dict) -> bool:
+    value, floor = last_value(row), row.get("floor")
+    return (row.get("status") in FAILED_TO_TRAIN or value is None
+            or (floor is not None and value > floor - FLOOR_MARGIN))
 
 
 def fails_on_screen(screen: dict | None) -> tuple[bool, str]:
     """(failed at every setting, a line on how it fared)."""
     if not screen:
         return False, ""
-    failed, n = failed_settings(screen), len(screen["settings"])
-    if len(failed) == n:
-        return True, f"diverged or stalled at every setting of its screen ({n} of {n})"
-    trained = [r["name"] for r in screen["settings"] if r["name"] not in failed]
-    return False, f"its screen: diverged or stalled at {len(failed)} of {n} settings, trained at {', '.join(trained)}"
+    if not complete(screen):
+        return False, "its screen is not complete"
+    rows = screen["settings"]
+    bad = [r["name"] for r in rows if failed(r)]
+    if len(bad) == len(rows):
+        return True, f"diverged, stalled or at the floor at every setting of its screen ({len(rows)} of {len(rows)})"
+    trained = [r["name"] for r in rows if r["name"] not in bad]
+    return False, (f"its screen: diverged, stalled or at the floor at {len(bad)} of {len(rows)} settings, "
+                   f"trained at {', '.join(trained)}")
 
 
 def where_fails(arm: str, screen: dict | None, other: str, other_screen: dict | None) -> tuple[str | None, str]:
@@ -67,11 +81,14 @@ def where_fails(arm: str, screen: dict | None, other: str, other_screen: dict | 
     when it cannot be judged, and a line saying why)."""
     if not screen or not other_screen:
         return None, f"no screen of {arm if not screen else other} to judge 'where {other} fails' on"
-    mine, theirs = first_values(screen), first_values(other_screen)
-    where = [s for s, v in theirs.items() if v is None and s in mine]
+    if not complete(screen) or not complete(other_screen):
+        return None, f"the screens of {arm} and {other} are not complete"
+    mine = {r["name"]: r for r in screen["settings"]}
+    where = [r["name"] for r in other_screen["settings"] if failed(r) and r["name"] in mine]
     if not where:
         return None, f"{other} trained at every setting of its screen: 'where {other} fails' is untested here"
-    wins = [s for s in where if mine[s] is not None]  # other has no value there: any value is below its floor
+    wins = [s for s in where if not failed(mine[s])]
     verdict = "held" if len(wins) == len(where) else "contradicted" if not wins else "inconclusive"
-    return verdict, (f"where {other} diverged or stalled ({', '.join(where)}), {arm} trained at "
-                     f"{len(wins)} of {len(where)}" + (f" ({', '.join(wins)})" if wins and len(wins) < len(where) else ""))
+    return verdict, (f"where {other} diverged, stalled or stayed at the floor ({', '.join(where)}), {arm} "
+                     f"trained at {len(wins)} of {len(where)}"
+                     + (f" ({', '.join(wins)})" if wins and len(wins) < len(where) else ""))

@@ -91,6 +91,7 @@ def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict]
     for name, job in jobs.items():
         res = run_results(job) or {}
         rows[name]["status"] = res.get("status")
+        rows[name]["floor"] = res.get("input_independent_loss")  # L*: a value at it is a stall the guard had no time to see
         if res.get("status") == "completed" or res.get("status") == "stopped":
             values[name] = rung_value(job.run_dir, rung, screen.by)
         else:  # diverged or stalled before the rung: out
