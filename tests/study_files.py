@@ -48,3 +48,22 @@ def pairs(a, b, arm_b="b1", **extra_b):
     rows = [("a", s + 1, {"test_bleu": x, "valid_bleu": 10.0}) for s, x in enumerate(a)]
     rows += [(arm_b, s + 1, {"test_bleu": x, "valid_bleu": 10.0, **extra_b}) for s, x in enumerate(b)]
     return rows
+
+
+def every_setting_composes(study, tmp_path, check=True) -> dict[str, list[str]]:
+    """A screened study's screen settings compose for every screened arm (its rung runs are valid runs:
+    the grid's corners, its first and last setting, as each compose costs ~0.8 s); returns a choice per
+    screened arm (the last setting) so the study's main runs plan too."""
+    from normlab.study.screen import setting_name
+    from normlab.study.screen_run import screen_jobs
+
+    if study.screen is None:
+        return {}
+    names = [setting_name(s) for s in study.screen.settings()]
+    names = names[:1] + names[-1:] if check else names[-1:]
+    chosen = {}
+    for arm in (a for a in study.arms.values() if study.screened(a)):
+        jobs = screen_jobs(study, arm, tmp_path / "runs", tmp_path / "out", names, study.screen.rungs[0])
+        assert len({j.identity_hash for j in jobs.values()}) == len(set(names))  # each setting its own run
+        chosen[arm.name] = jobs[names[-1]].overrides[-len(study.screen.grid):]
+    return chosen

@@ -19,7 +19,7 @@ from normlab.study.index import BEGIN, END, update_index
 from normlab.study.records import load_records
 from normlab.study.runner import plan
 from normlab.study.spec import available, load_study
-from study_files import claim, write_study_file
+from study_files import claim, every_setting_composes, write_study_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every shipped study file, read from conf/study (a new one is checked without editing this list):
@@ -42,7 +42,7 @@ def test_every_shipped_study_plans(tmp_path):
     for name in STUDIES:
         for budget in ("full", "smoke"):
             study = load_study(name, budget)
-            chosen = _every_setting_composes(study, tmp_path, check=budget == "full")
+            chosen = every_setting_composes(study, tmp_path, check=budget == "full")
             jobs = plan(study, tmp_path / "runs", tmp_path / "out", chosen)
             assert len(jobs) == study.planned
             assert len({j.run_name for j in jobs}) == len(jobs)  # every (arm, seed) its own run
@@ -55,25 +55,6 @@ def test_every_shipped_study_plans(tmp_path):
                     assert planned.get(rec) == json.loads(res.read_text())["identity_hash"], f"{name}/runs/{rec}"
                     checked += 1
     assert checked >= 67  # the records committed on 2026-11-26
-
-
-def _every_setting_composes(study, tmp_path, check=True) -> dict[str, list[str]]:
-    """A screened study's screen settings compose for every screened arm (its rung runs are valid runs:
-    the grid's corners, its first and last setting, as each compose costs ~0.8 s); returns a choice per
-    screened arm (the last setting) so the study's main runs plan too."""
-    from normlab.study.screen import setting_name
-    from normlab.study.screen_run import screen_jobs
-
-    if study.screen is None:
-        return {}
-    names = [setting_name(s) for s in study.screen.settings()]
-    names = names[:1] + names[-1:] if check else names[-1:]
-    chosen = {}
-    for arm in (a for a in study.arms.values() if study.screened(a)):
-        jobs = screen_jobs(study, arm, tmp_path / "runs", tmp_path / "out", names, study.screen.rungs[0])
-        assert len({j.identity_hash for j in jobs.values()}) == len(set(names))  # each setting its own run
-        chosen[arm.name] = jobs[names[-1]].overrides[-len(study.screen.grid):]
-    return chosen
 
 
 def test_studies_share_identical_arms(tmp_path):

@@ -62,6 +62,11 @@ def test_a_verdict_that_moves_under_a_fixed_definition_says_whether_the_rules_or
     assert len(json.loads((tmp_path / "claims.lock.json").read_text())["w"]["history"]) == 1
     update_lock(tmp_path, [C], {"w": "held"}, has_records=True, today="d3")
     assert "| w | budget-bound | d3 | held | the records (runs added or continued) |" in "\n".join(moved_lines(tmp_path))
+    # a claim whose arms had not run yet gets its first verdict: no move
+    other = replace(C, id="o")
+    update_lock(tmp_path, [C, other], {"w": "held", "o": "not run"}, has_records=True, today="d4")
+    update_lock(tmp_path, [C, other], {"w": "held", "o": "held"}, has_records=True, today="d5")
+    assert "history" not in json.loads((tmp_path / "claims.lock.json").read_text())["o"]
 
 
 def test_one_claim_id_is_one_kind_in_every_shipped_study():

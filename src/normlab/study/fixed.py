@@ -28,7 +28,8 @@ RULES = "seed-2026-11-27"
 RULES_TEXT = {
     FIRST_RULES: "the two-level bootstrap over 2-3 seeds and test sentences; 'trains' = above the unigram floor",
     RULES: "seed-level t intervals pooled per regime family, 'inconclusive (needs N seeds)', the trains bar "
-           "('learns, far behind'), 'budget-bound' for an arm stopped at its cap still improving (issue 35)",
+           "('learns, far behind'), 'budget-bound' for an arm stopped at its cap still improving, and in a screened "
+           "study the outcome claims judged on the learning-rate screens (issue 35)",
 }
 
 
@@ -85,7 +86,7 @@ def update_lock(out: Path, claims, verdicts: dict[str, str], has_records: bool, 
 
 def _judged(entry: dict, verdict: str | None, today: str) -> None:
     """Record today's verdict under the fixed definition; the one it replaces goes to the history."""
-    if verdict != entry.get("verdict"):
+    if verdict != entry.get("verdict") and entry.get("verdict") not in (None, "not run"):  # a run landing is no move
         entry.setdefault("history", []).append({"verdict": entry.get("verdict"),
                                                 "rules": entry.get("rules", FIRST_RULES), "until": today})
     entry["verdict"], entry["rules"] = verdict, RULES
