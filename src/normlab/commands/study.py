@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return verify(find_record(out, args.verify), args.steps, args.launch)
     if args.status:
         return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)
-    failed = 0
+    failed = refused = 0
     if study.kind == "probe":
         from normlab.study.probe import run_probe
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         code = sweep.run()
         if code:
             return code
-        failed = len(sweep.failed)
+        failed, refused = len(sweep.failed), len(sweep.refused)
     by_arm = load_records(out)
     verdicts = judge(study, by_arm, read_refs(out / "test.ref.gz"), load_screens(study, out))
     readme = write_study(study, by_arm, verdicts, out, command)
@@ -183,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {v.verdict:>12}  {v.claim.id}")
     if failed:
         print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
-        return 1
-    return 0
+    if refused:
+        print(f"{refused} run(s) not run: their results.json is damaged (the warnings above name each file, left as "
+              "it is); restore it or move it away, then rerun the same command", file=sys.stderr)
+    return 1 if failed or refused else 0
 
 
 def _keep_references(jobs, out: Path) -> None:

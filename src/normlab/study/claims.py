@@ -49,13 +49,13 @@ comparison.
 """
 from __future__ import annotations
 
-import gzip
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from normlab.outcome import FAILED_TO_TRAIN, Status
+from normlab.study.damaged import read_text
 from normlab.study.records import Record, is_test_bleu
 from normlab.study.spec import Claim, Study, lower_is_better
 from normlab.study.stats import Interval, corpus_bleu, paired_bootstrap, seed_interval, seeds_needed, sentence_stats
@@ -344,8 +344,8 @@ def _bootstrap(a: list[Record], b: list[Record], refs: list[str] | None, ma: str
 
 
 def read_refs(path: Path | None) -> list[str] | None:
-    if path is None or not Path(path).is_file():
+    """The test references (a damaged file is named once and left out: no test-set check)."""
+    text = None if path is None else read_text(Path(path), "no test-set check over sentences (the references)")
+    if text is None:
         return None
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")

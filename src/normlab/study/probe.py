@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+from normlab.study.damaged import is_damaged, read_results
 from normlab.study.spec import Arm, Study
 
 METRICS_VERSION = 2  # 2: growth is the log-log slope over every depth (1: log of the end points' ratio)
@@ -106,7 +107,9 @@ def run_probe(study: Study, out: Path, say=print) -> int:
             rec = out / "runs" / f"{arm.name}-s{seed}"
             ident = probe_identity(study, arm, seed)
             done = rec / "results.json"
-            if done.is_file() and json.loads(done.read_text()).get("identity_hash") == ident:
+            if is_damaged(done, record=True):  # named once, left as it is (study/damaged.py): not measured over
+                continue
+            if (read_results(done, record=True) or {}).get("identity_hash") == ident:
                 continue
             todo.append((arm, seed, rec, ident))
     say(f"study {study.name} ({study.budget}): {len(study.arms) * len(study.seeds)} probes, {len(todo)} to run")

@@ -2,12 +2,11 @@
 the claims and the report (results.json, test.hyp.gz, metrics.csv, prune.json)."""
 from __future__ import annotations
 
-import csv
-import gzip
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from normlab.study.damaged import json_object, read_metrics, read_results, read_text, warn
 
 
 @dataclass
@@ -34,9 +33,12 @@ class Record:
     def prune_metric(self, name: str) -> float | None:
         _, strategy, kept, column = name.split(".", 3)
         path = self.path / "prune.json"
-        if not path.is_file():
+        data, problem = json_object(path)
+        rows = (data or {}).get("rows") or []
+        if problem or not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            if problem or data is not None:
+                warn(path, problem or "rows is not a list of objects", "its pruned models' scores are left out")
             return None
-        rows = json.loads(path.read_text()).get("rows") or []
         for row in rows:
             if row.get("strategy") == strategy and f"r{row.get('kept')}" == kept:
                 v = row.get(column)
@@ -58,11 +60,9 @@ class Record:
         prune.<strategy>.r<kept>.test.hyp.gz for prune.<strategy>.r<kept>.test_bleu."""
         if not is_test_bleu(metric):
             return None
-        path = self.path / f"{metric[:-len('_bleu')]}.hyp.gz"
-        if not path.is_file():
-            return None
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return f.read().split("\n")[:-1]
+        text = read_text(self.path / f"{metric[:-len('_bleu')]}.hyp.gz",
+                         "its translations are left out (no test-set check over sentences with it)")
+        return None if text is None else text.split("\n")[:-1]
 
     def plateau(self, window: int, min_delta: float, cap: int) -> dict | None:
         """Where the run stopped learning: {"step": the validation step of its plateau, or None if it
@@ -94,16 +94,9 @@ class Record:
 
     def curve(self, column: str) -> list[tuple[int, float]]:
         """(step, value) of a logged series (metrics.csv: valid/loss for valid_loss)."""
-        path = self.path / "metrics.csv"
         key = column.replace("_", "/", 1)
-        if not path.is_file():
-            return []
-        out = []
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row.get(key) not in (None, ""):
-                    out.append((int(row["step"]), float(row[key])))
-        return out
+        rows = read_metrics(self.path / "metrics.csv") or []
+        return [(row["step"], row[key]) for row in rows if key in row and "step" in row]
 
 
 def is_test_bleu(metric: str) -> bool:
@@ -112,14 +105,16 @@ def is_test_bleu(metric: str) -> bool:
 
 
 def load_records(out: Path) -> dict[str, list[Record]]:
-    """{arm: [records sorted by seed]}."""
+    """{arm: [records sorted by seed]}; a damaged record is named and left out (study/damaged.py)."""
     by_arm: dict[str, list[Record]] = {}
     for res_path in sorted((out / "runs").glob("*/results.json")):
         if res_path.parent.name.startswith("."):  # a record being written (runner's temp folder)
             continue
-        res = json.loads(res_path.read_text())
+        res = read_results(res_path, record=True)
+        if res is None:
+            continue
         info = res.get("study") or {}
-        rec = Record(res_path.parent, str(info.get("arm")), int(info.get("seed", res.get("seed") or 0)), res)
+        rec = Record(res_path.parent, str(info.get("arm")), info.get("seed", res.get("seed")), res)
         by_arm.setdefault(rec.arm, []).append(rec)
     for recs in by_arm.values():
         recs.sort(key=lambda r: r.seed)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from normlab.errors import UserError
 from normlab.outcome import FINISHED
+from normlab.study.damaged import is_damaged, json_object, read_results
 from normlab.study.spec import Arm, Study
 
 
@@ -103,16 +104,24 @@ def make_job(study: Study, arm: Arm, seed: int, overrides: list[str], runs: Path
 
 
 def record_done(job: Job) -> dict | None:
-    path = job.record / "results.json"
-    if not path.is_file():
+    res = read_results(job.record / "results.json", record=True)  # None: none, or damaged (named)
+    if res is None:
         return None
-    res = json.loads(path.read_text())
     if res.get("identity_hash") != job.identity_hash or res.get("status") not in FINISHED:
         return None
     if (job.arm.prune and res.get("status") == "completed" and not list(job.record.glob("prune.*.test.hyp.gz"))
             and (job.run_dir / "results.json").is_file()):
         return None  # pruned before pruning kept its translations: prune again (the run folder is here)
     return res
+
+
+def damaged_job(job: Job) -> str | None:
+    """Where the job holds a damaged results.json ("its record", "its run folder"; named once,
+    study/damaged.py), else None: the study does not run it, which would replace the file, until a
+    person moves the file away."""
+    if is_damaged(job.record / "results.json", record=True):
+        return "its record"
+    return "its run folder" if is_damaged(job.run_dir / "results.json", record=False) else None
 
 
 def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
@@ -124,9 +133,11 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
     adopted = []
     for job in jobs:
         src = shared_source(job, index)
-        if src is None or (record_done(job) is not None and not _stale_copy(job.record, src)):
+        if src is None or damaged_job(job) or (record_done(job) is not None and not _stale_copy(job.record, src)):
             continue
-        res = json.loads((src / "results.json").read_text())
+        res = read_results(src / "results.json", record=True, seed=False)
+        if res is None:  # damaged since shared_index read it
+            continue
         origin = res.get("study") or {}
         tmp = job.record.with_name(f".{job.record.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -150,9 +161,8 @@ def shared_index(records: Path) -> dict[str, Path]:
     for res_path in sorted(records.glob("*/runs/*/results.json")) if records.is_dir() else []:
         if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
             continue
-        try:
-            res = json.loads(res_path.read_text())
-        except ValueError:
+        res = read_results(res_path, record=True, seed=False)  # looked up by identity, not by seed
+        if res is None:
             continue
         if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
             trained_here = res.get("group") == f"study-{res_path.parents[2].name}"  # the study that trained it
@@ -173,10 +183,8 @@ def shared_source(job: Job, index: dict[str, Path]) -> Path | None:
 def _stale_copy(record: Path, src: Path) -> bool:
     """A record adopted from src that src no longer matches (its study rescored or pruned it again
     since): copied again, so the two studies judge the same run by the same numbers."""
-    try:
-        mine = json.loads((record / "results.json").read_text())
-        theirs = json.loads((src / "results.json").read_text())
-    except (OSError, ValueError):
+    mine, theirs = read_results(record / "results.json", True), read_results(src / "results.json", True, seed=False)
+    if mine is None or theirs is None:
         return False
     if (mine.get("shared_from") or {}) != {"study": src.parents[1].name, "record": src.name}:
         return False  # trained here, or adopted from another study's record: left as it is
@@ -188,9 +196,9 @@ def _stale_copy(record: Path, src: Path) -> bool:
 def _pruned_as(record: Path, prune: dict) -> bool:
     """Whether a record holds the pruned models (every strategy x depth, with translations) an arm's
     prune settings ask for: another study may have pruned the same run otherwise."""
-    try:
-        rows = json.loads((record / "prune.json").read_text()).get("rows") or []
-    except (OSError, ValueError):
+    data, _ = json_object(record / "prune.json")
+    rows = (data or {}).get("rows") or []
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return False
     have = {(r.get("strategy"), r.get("kept")) for r in rows}
     want = {(st, d) for st in prune.get("strategies") or [] for d in prune.get("depths") or []}
@@ -198,11 +206,8 @@ def _pruned_as(record: Path, prune: dict) -> bool:
 
 
 def run_results(job: Job) -> dict | None:
-    path = job.run_dir / "results.json"
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except ValueError:
-        return None
+    """The run folder's results.json; None when there is none or it is damaged (named once)."""
+    return read_results(job.run_dir / "results.json", record=False)
 
 
 def write_record(study: Study, job: Job, res: dict, jobs: int = 1) -> None:
@@ -260,6 +265,7 @@ class Sweep:
         self.running: dict[subprocess.Popen, tuple[Job, str, float]] = {}
         self.stopping = 0
         self.failed: list[str] = []
+        self.refused: list[str] = []  # jobs left out: a damaged results.json in their record or run folder
         self.total, self.recorded = len(jobs), 0  # run() counts them
         self.trained: list[tuple[float, bool]] = []  # (wall s, completed) of each run whose training it finished
         runs.mkdir(parents=True, exist_ok=True)
@@ -317,7 +323,7 @@ class Sweep:
         jobs at a time. Runs found finished (recorded at once) and runs it only pruned are not a
         pace; failed runs are not left (the next sweep retries them)."""
         text = f"{self.recorded} of {self.total} recorded"
-        left = self.total - self.recorded - len(self.failed)  # failed runs wait for the next sweep
+        left = self.total - self.recorded - len(self.failed) - len(self.refused)  # failed ones wait for the next
         pace = [t for t, done in self.trained if done] or [t for t, _ in self.trained]  # stalls stop early
         if left > 0 and pace:
             secs = int(sum(pace) / len(pace) * left / min(self.parallel, left))
@@ -334,10 +340,13 @@ class Sweep:
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
         total = self.total = len(self.todo)
         done = [j for j in self.todo if record_done(j)]
-        self.recorded = len(done)
-        self.todo = [j for j in self.todo if j not in done]
+        refused = [j for j in self.todo if j not in done and damaged_job(j)]  # named once, left as they are
+        self.recorded, self.refused = len(done), [j.tag for j in refused]
+        self.todo = [j for j in self.todo if j not in done and j not in refused]
         self.say(f"study {self.study.name} ({self.study.budget}): {total} runs, {len(done)} already recorded, "
-                 f"{len(self.todo)} to run, {self.parallel} at a time")
+                 f"{len(self.todo)} to run, {self.parallel} at a time"
+                 + (f"; {len(refused)} left out ({', '.join(self.refused)}: a damaged results.json, named above)"
+                    if refused else ""))
         try:
             while (self.todo or self.running) and not self.stopping:
                 while self.todo and len(self.running) < self.parallel and not self.stopping:

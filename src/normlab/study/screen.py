@@ -26,7 +26,6 @@ it was dropped, which the README shows as a table and a plot.
 """
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.study.damaged import read_metrics
 
 
 @dataclass(frozen=True)
@@ -111,16 +111,10 @@ def check_rungs(screen: Screen, max_steps: int, val_interval) -> None:
 def rung_value(run_dir: Path, step: int, by: str) -> float | None:
     """The validation metric `by` (valid_loss -> valid/loss) the run logged at optimizer step `step`
     (Lightning's 0-based step `step - 1` in metrics.csv), None if it has none (diverged, stalled)."""
-    path = run_dir / "csv" / "metrics.csv"
     column = "valid/" + by[len("valid_"):]
-    try:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row.get("step") == str(step - 1) and row.get(column) not in (None, ""):
-                    value = float(row[column])
-                    return value if math.isfinite(value) else None
-    except (OSError, ValueError):
-        return None
+    for row in read_metrics(run_dir / "csv" / "metrics.csv") or []:  # damaged: named once, no value
+        if row.get("step") == step - 1 and column in row:
+            return row[column] if math.isfinite(row[column]) else None
     return None
 
 

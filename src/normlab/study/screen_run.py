@@ -75,7 +75,7 @@ def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: 
         code = sweep.run()
         if code:
             return code
-        if sweep.failed:  # a crash is not a result: the next run of the command retries it
+        if sweep.failed or sweep.refused:  # a crash or a damaged results.json is not a result: retried next time
             return 1
         for arm in arms:
             alive[arm.name] = _rung(screen, i, rung, jobs[arm.name], rows[arm.name])

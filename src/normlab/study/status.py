@@ -11,9 +11,11 @@ A run's state: recorded in the study's folder (done); recorded by another study 
 its identity: copied in when the study next runs); finished in its run folder but not yet recorded
 (the study records, or prunes and records, it when it next runs); failed (the study runs it again);
 training now (another process holds its folder: run_folder.held_elsewhere); stopped part-way (its
-last full checkpoint is where it continues); or not started. Machine-hours as the README's Cost line
-counts them (readme.machine_share), the mean over the study's completed runs: a stalled or diverged
-run stops early and would make the estimate short.
+last full checkpoint is where it continues); damaged (its record or run folder holds a results.json
+that cannot be read, named in a warning: study/damaged.py; the study leaves the file and does not run
+the job while it is there); or not started. Machine-hours as the README's Cost line counts them
+(readme.machine_share), the mean over the study's completed runs: a stalled or diverged run stops
+early and would make the estimate short.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import re
 from pathlib import Path
 
 from normlab.outcome import FINISHED
-from normlab.study.runner import Job, prune_command, record_done, run_results, run_summary, shared_index, shared_source
+from normlab.study.runner import (Job, damaged_job, prune_command, record_done, run_results, run_summary, shared_index,
+                                  shared_source)
 from normlab.study.spec import Study
 
 _STEP = re.compile(r"step (\d+)/(\d+)(?:.*?\| eta (\d+:\d\d:\d\d))?")
@@ -50,6 +53,9 @@ def job_state(job: Job, shared: dict[str, Path]) -> tuple[str, str, float]:
     """(state, text, the fraction of the run done) of one planned run."""
     from normlab.run_folder import held_elsewhere
 
+    where = damaged_job(job)  # named in a warning (study/damaged.py); the study leaves it and does not run it
+    if where:
+        return "damaged", f"{where}'s results.json is damaged (see its warning): not run while it is there", 0.0
     res = record_done(job)
     if res is not None:
         origin = (res.get("shared_from") or {}).get("study")
@@ -86,7 +92,7 @@ def status_lines(study: Study, jobs: list[Job], records: Path | None) -> list[st
 
     shared = shared_index(records) if records is not None else {}
     rows = [(job, *job_state(job, shared)) for job in jobs]
-    order = ("recorded", "finished", "training now", "stopped part-way", "failed", "not started")
+    order = ("recorded", "finished", "training now", "stopped part-way", "failed", "damaged", "not started")
     counts = {s: sum(1 for r in rows if r[1] == s) for s in order}
     head = f"{study.name} ({study.budget}): {len(jobs)} runs planned: " + ", ".join(
         f"{n} {s}" for s, n in counts.items() if n or s in ("recorded", "not started"))
