@@ -97,3 +97,13 @@ def test_every_shipped_study_is_checked():
     from normlab.study.spec import available
 
     assert sorted(SHIPPED) == available()
+
+
+def test_the_trains_bar_reads_the_references_valid_nll_and_test_bleu(tmp_path):
+    """A trains claim measured against a reference arm reads valid NLL and test BLEU (claims.trains_bar)
+    even where no claim or table names them."""
+    trains = [{"kind": "trains", "metric": "valid_loss"}]
+    plain = metrics_read(_study(tmp_path / "p", trains, extra="table_metrics: [valid_loss]\n"))
+    assert "test_bleu" not in plain and "valid_nll" not in plain
+    with_ref = metrics_read(_study(tmp_path / "r", trains, extra="table_metrics: [valid_loss]\nreference: a\n"))
+    assert {"test_bleu", "valid_nll"} <= with_ref

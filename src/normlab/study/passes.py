@@ -30,6 +30,8 @@ def metrics_read(study: Study) -> set[str]:
     read.update(str(g.get("by") or "valid_bleu") for g in study.best_of.values())
     if study.screen is not None:
         read.add(study.screen.by)
+    if study.reference is not None and any(c.kind == "trains" for c in study.claims):
+        read.update(("valid_nll", "test_bleu"))  # the trains bar against the reference (claims.trains_bar)
     return read
 
 
