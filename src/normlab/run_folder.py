@@ -269,7 +269,8 @@ def locked(run_dir: Path, rank_zero: bool = True):
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0o666 under the umask: a lock file left by a killed holder is opened by a colleague's rerun
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     for wait in (0.02, 0.05, 0.1, 0.2, None):  # a probe's brief shared lock (held_elsewhere) is not a holder
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +282,7 @@ def locked(run_dir: Path, rank_zero: bool = True):
             break
         # the holder ended meanwhile and removed the file this fd locks: lock the folder's file anew
         os.close(fd)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     else:
         holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
         os.close(fd)
