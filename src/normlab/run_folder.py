@@ -258,13 +258,24 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+_HELD: set[str] = set()  # the folders this process holds (locked() inside locked(): already held)
+
+
+def rank_zero() -> bool:
+    """Before a trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
+
+
 @contextmanager
 def locked(run_dir: Path, rank_zero: bool = True):
     """Hold the run folder for this process: a second copy of the same command (same identity, so
     the same folder) stops with one line naming the holder instead of training into the same files.
     An OS lock (flock): a killed holder's lock is released by the kernel and taken over by the next
-    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder."""
-    if not rank_zero:
+    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder.
+    Taken by the training command before anything is written into the folder (commands/train.py),
+    and again by train.run for callers without it: the inner one holds nothing more."""
+    key = os.path.abspath(run_dir)
+    if not rank_zero or key in _HELD:
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -291,9 +302,11 @@ def locked(run_dir: Path, rank_zero: bool = True):
     os.ftruncate(fd, 0)
     os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
              .encode())
+    _HELD.add(key)
     try:
         yield
     finally:
+        _HELD.discard(key)
         try:
             os.unlink(path)  # while still held: no other process can take a lock on a file about to vanish
         except OSError:

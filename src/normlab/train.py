@@ -35,7 +35,8 @@ from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
-from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
+from normlab.run_folder import (csv_histories, locked, prepare, rank_zero, readable, restore_csv_histories,
+                                start_checkpoint_path)
 from normlab.run_spec import RunSpec, resolve
 from normlab.signals import Signalled, hand_over
 
@@ -52,11 +53,6 @@ def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: boo
 
         callbacks = [c for c in callbacks if not isinstance(c, AdminInit)]
     return callbacks
-
-
-def _rank_zero() -> bool:
-    """Before the trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
-    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
 
 
 def load_finetune_weights(model, ckpt: dict, path) -> None:
@@ -168,17 +164,17 @@ def run(cfg: Any) -> dict[str, Any]:
     """Train and score the run the composed config `cfg` describes (resolved here, once, into a
     RunSpec); its folder is held by this process throughout (run_folder.locked)."""
     spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
-    with locked(spec.run_dir, _rank_zero()):
+    with locked(spec.run_dir, rank_zero()):
         return _run(spec)
 
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0, cpu0 = time.time(), cpu_seconds()
-    code = code_version() if _rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
+    code = code_version() if rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
     callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
-    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, _rank_zero())
+    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, rank_zero())
     if cont.finished is not None:
         r = cont.finished
         print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
