@@ -334,10 +334,21 @@ def test_translate_refuses_a_nul_byte_from_a_file_as_from_stdin(trained, tmp_pat
 
 
 def test_usage_names_the_console_script(monkeypatch):
+    """normlab.cli tells errors which console script runs (not read from sys.argv inside)."""
+    from normlab import cli, errors
     from normlab.errors import CommandParser, UserError
 
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/normlab-translate"])
+    monkeypatch.setattr(errors, "_console_script", None)
+    assert CommandParser(prog="python -m normlab.commands.translate").prog == "python -m normlab.commands.translate"
+    monkeypatch.setattr(sys, "argv", ["normlab-translate", "--bogus"])
+    with pytest.raises(SystemExit) as e:
+        cli.translate()
+    assert e.value.code == 2 and errors._console_script == "normlab-translate"
     with pytest.raises(UserError, match=r"^normlab-translate: .*\(see normlab-translate --help\)"):
         CommandParser(prog="python -m normlab.commands.translate").parse_args(["--bogus"])
-    monkeypatch.setattr(sys, "argv", ["-m"])
-    assert CommandParser(prog="python -m normlab.commands.translate").prog == "python -m normlab.commands.translate"
+    monkeypatch.setattr(errors, "_console_script", None)
+    cli_export = cli.export_admin
+    monkeypatch.setattr(sys, "argv", ["normlab-export-admin", "--bogus"])
+    with pytest.raises(SystemExit):
+        cli_export()
+    assert errors._console_script == "normlab-export-admin"

@@ -74,8 +74,10 @@ def plain(cfg: Any) -> dict:
     checkpoint's model settings in first (run_folder.start_model; train.run, normlab.resolvers)."""
     if not OmegaConf.is_config(cfg):
         return dict(cfg)
-    return {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
-            else cfg[k] for k in cfg if k != "hydra"}
+    # cfg[k] of a dict or list is its node, unresolved (to_container resolves it against the whole
+    # config); of a value, the value resolved
+    return {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for k, v in ((k, cfg[k]) for k in cfg if k != "hydra")}
 
 
 def set_key(tree: dict, dotted: str, value: Any) -> None:

@@ -116,8 +116,15 @@ class Seq2SeqModule(L.LightningModule):
             norm = t.clamp(min=1.0) / dist.get_world_size()
         return loss / norm
 
+    def _attached_trainer(self):
+        """The Trainer this module is attached to, or None (Lightning's public `trainer` raises then)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def _accumulation(self) -> int:
-        trainer = self._trainer
+        trainer = self._attached_trainer()
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -187,7 +194,7 @@ class Seq2SeqModule(L.LightningModule):
             return {"foreach": True}
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
-        precision = str(getattr(self._trainer, "precision", ""))
+        precision = str(getattr(self._attached_trainer(), "precision", ""))
         clipping = float(self.optim_cfg.get("clip_norm") or 0.0) > 0
         return {} if precision.startswith("16") and clipping else {"fused": True}
 

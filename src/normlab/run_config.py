@@ -115,7 +115,7 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
         full = f"{prefix}{key}"
         if OmegaConf.is_missing(node, key):
             out.append(full)
-        elif isinstance(node._get_node(key), DictConfig):
+        elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):  # a node, unresolved
             out += _missing_keys(node[key], f"{full}.")
     return out
 

@@ -197,16 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from normlab.private_api import hydra_app_argv
+
     argv = list(sys.argv[1:] if argv is None else argv)
     tracebacks = show_tracebacks()
     app = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(task)
-    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
-    sys.argv = [sys.argv[0], *argv]
+    saved_env = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trace
     _failed.clear()
     _refused.clear()
     try:
-        app()
+        with hydra_app_argv(argv):
+            app()
         if _failed:
             raise _failed.pop()
         if _refused:  # the other jobs ran; each refused one printed its line when it was refused
@@ -233,10 +235,6 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        from hydra.core.hydra_config import HydraConfig
-
-        HydraConfig.instance().cfg = None  # an in-process caller (tests) must not see this run's Hydra config
-        sys.argv = saved_argv
         if saved_env is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

@@ -51,12 +51,12 @@ class Job:
 def compose(overrides: list[str]):
     """The config train.py would run with these overrides (Hydra's compose API), validated."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     from normlab.commands.train import config_dir, hydra_error_line
+    from normlab.private_api import reset_hydra
     from normlab.run_config import validate_run_config
 
-    GlobalHydra.instance().clear()
+    reset_hydra()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=overrides)
@@ -68,7 +68,7 @@ def compose(overrides: list[str]):
             raise UserError(hydra_error_line(e, overrides)) from None
         raise
     finally:
-        GlobalHydra.instance().clear()
+        reset_hydra()
     validate_run_config(cfg)
     return cfg
 
