@@ -138,6 +138,8 @@ def test_hydra_app_argv_feeds_hydra_main_and_restores(tmp_path, monkeypatch):
 
     def task(cfg):
         seen.append((cfg.a, HydraConfig.initialized()))
+        job = api.hydra_job_config()  # what .hydra/hydra.yaml holds: {hydra: ...}
+        assert list(job) == ["hydra"] and list(job.hydra.overrides.task)[0] == "a=5"
 
     app = hydra.main(version_base="1.3", config_path=str(tmp_path), config_name="c")(task)
     monkeypatch.setattr("sys.argv", ["prog", "ignored=1"])

@@ -84,6 +84,14 @@ def hydra_app_argv(argv: list[str]):
         sys.argv = saved
 
 
+def hydra_job_config():
+    """Hydra: the job's whole Hydra config as `{hydra: ...}`, the node Hydra's run_job saves as
+    .hydra/hydra.yaml (HydraConfig.get() gives only its `hydra` child, unwrapped)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.instance().cfg
+
+
 # Lightning's private methods normlab's subclasses override, by class: tests/test_private_api.py
 # checks that each still exists and is still what the public hook calls.
 #   ModelCheckpoint._monitor_candidates(trainer) -> dict: the metrics every save ranks by

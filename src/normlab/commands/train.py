@@ -96,10 +96,11 @@ def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     by the job once it holds the folder (conf/hydra/default.yaml turns Hydra's off): the job's config,
     Hydra's config and the command line's overrides, as Hydra 1.3 writes them (core/utils.py run_job,
     _save_config: OmegaConf.to_yaml, unresolved; tests/test_run_lock.py compares the bytes)."""
-    from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    hydra_cfg = HydraConfig.instance().cfg  # {hydra: ...}, as run_job copies it
+    from normlab.private_api import hydra_job_config
+
+    hydra_cfg = hydra_job_config()  # {hydra: ...}, as run_job copies it
     out = run_dir / HYDRA_RECORD
     out.mkdir(parents=True, exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
