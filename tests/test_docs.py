@@ -107,3 +107,19 @@ def test_each_job_has_a_readme_section_with_an_example_and_its_page(job):
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
+
+
+def test_what_the_code_cites_of_the_docs_is_there():
+    """A comment or message naming `docs/<page>.md` (and `, "Section"`) names a page that exists and a
+    section in it, so a later move cannot leave the code pointing at nothing."""
+    files = [p for d in ("src", "conf", "tests", "benchmarks", "scripts", "sweeps") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".py", ".yaml", ".md", ".sh") and p.name != Path(__file__).name]
+    files += [ROOT / "Makefile", ROOT / "pyproject.toml"]
+    cited, bad = 0, []
+    for f in files:
+        for m in re.finditer(r'docs/([\w-]+\.md)(?:, \\?"([^"\\\n]+)\\?")?', f.read_text(encoding="utf-8")):
+            cited += 1
+            page = ROOT / "docs" / m[1]
+            if not page.is_file() or (m[2] and m[2] not in page.read_text(encoding="utf-8")):
+                bad.append(f"{f.relative_to(ROOT)}: {m[0]}")
+    assert cited >= 10 and bad == []
