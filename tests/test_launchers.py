@@ -39,6 +39,7 @@ def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
     results = json.loads((job / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 2 and results["group"] == sweep.name
     assert job.name == results["name"] and list(sweep.glob(".submitit/*/*_log.out"))  # ran as a submitit job
+    assert "seed=5" in (job / ".hydra" / "overrides.yaml").read_text()  # recorded by the job in its worker
     # the same multirun again (another launcher is not another sweep): nothing is retrained
     p = train()
     assert p.returncode == 0, p.stderr[-3000:]

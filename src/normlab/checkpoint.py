@@ -25,6 +25,7 @@ import torch
 
 from normlab.config import ModelConfig
 from normlab.errors import UserError
+from normlab.file_mode import creation_mode
 
 
 class CheckpointError(UserError, ValueError):
@@ -32,11 +33,13 @@ class CheckpointError(UserError, ValueError):
 
 
 def atomic_write_bytes(path: str | os.PathLike, write) -> None:
-    """Write through a temporary file in the same folder, then rename: readers see old or new."""
+    """Write through a temporary file in the same folder, then rename: readers see old or new. The
+    file gets the mode a plain open() would give it (creation_mode), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, creation_mode())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

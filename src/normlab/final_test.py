@@ -31,7 +31,7 @@ from normlab.checkpoint import CheckpointError, atomic_write_bytes
 from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
-from normlab.scoring import load_weights, log_metrics, score_split, signals_interrupt
+from normlab.scoring import load_weights, log_metrics, score_split
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -78,11 +78,8 @@ def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
         return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
-    with signals_interrupt(trainer):  # SIGTERM / SIGUSR1: the run ends `interrupted`; the rerun scores it
-        return _final_scores(passes, trainer, module, dm, run_dir, status)
-
-
-def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
+    # (train.run calls this under scoring.signals_interrupt: SIGTERM / SIGUSR1 ends the passes, the
+    # run is `interrupted`, the rerun scores it)
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}

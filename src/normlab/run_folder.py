@@ -258,18 +258,30 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+_HELD: set[str] = set()  # the folders this process holds (locked() inside locked(): already held)
+
+
+def rank_zero() -> bool:
+    """Before a trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
+
+
 @contextmanager
 def locked(run_dir: Path, rank_zero: bool = True):
     """Hold the run folder for this process: a second copy of the same command (same identity, so
     the same folder) stops with one line naming the holder instead of training into the same files.
     An OS lock (flock): a killed holder's lock is released by the kernel and taken over by the next
-    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder."""
-    if not rank_zero:
+    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder.
+    Taken by the training command before anything is written into the folder (commands/train.py),
+    and again by train.run for callers without it: the inner one holds nothing more."""
+    key = os.path.abspath(run_dir)
+    if not rank_zero or key in _HELD:
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0o666 under the umask: a lock file left by a killed holder is opened by a colleague's rerun
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     for wait in (0.02, 0.05, 0.1, 0.2, None):  # a probe's brief shared lock (held_elsewhere) is not a holder
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +293,7 @@ def locked(run_dir: Path, rank_zero: bool = True):
             break
         # the holder ended meanwhile and removed the file this fd locks: lock the folder's file anew
         os.close(fd)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     else:
         holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
         os.close(fd)
@@ -290,9 +302,11 @@ def locked(run_dir: Path, rank_zero: bool = True):
     os.ftruncate(fd, 0)
     os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
              .encode())
+    _HELD.add(key)
     try:
         yield
     finally:
+        _HELD.discard(key)
         try:
             os.unlink(path)  # while still held: no other process can take a lock on a file about to vanish
         except OSError:

@@ -16,9 +16,10 @@ It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears 
 - logging: every logger at the step training ended on, with the epoch, as Lightning logs an
   evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
 - SIGTERM (a study stopping, a cluster preempting) or SIGUSR1 (SLURM's time-limit warning) ends
-  the passes (signals_interrupt): the signal goes on to the processes the strategy launched (DDP
-  ranks) and signals.Signalled (a SystemExit, 128 + signal) leaves the passes; train.run records
-  the run `interrupted` in results.json, then hands the signal over as preemption does
+  the passes (signals_interrupt, which train.run holds from the end of fit on): the signal goes on
+  to the processes the strategy launched (DDP ranks) and signals.Signalled (a SystemExit, 128 +
+  signal) leaves the passes; train.run records the run `interrupted` in results.json, then hands
+  the signal over as preemption does
   (signals.hand_over: the handler installed before, e.g. submitit's, else on SLURM a requeue for
   SIGUSR1) and exits 128 + signal; the same command scores the run (under trainer.test,
   Lightning's signal handler stopped its loop at the next batch);

@@ -35,8 +35,10 @@ from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
-from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
+from normlab.run_folder import (csv_histories, locked, prepare, rank_zero, readable, restore_csv_histories,
+                                start_checkpoint_path)
 from normlab.run_spec import RunSpec, resolve
+from normlab.scoring import signals_interrupt
 from normlab.signals import Signalled, hand_over
 
 log = logging.getLogger("normlab")
@@ -52,11 +54,6 @@ def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: boo
 
         callbacks = [c for c in callbacks if not isinstance(c, AdminInit)]
     return callbacks
-
-
-def _rank_zero() -> bool:
-    """Before the trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
-    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
 
 
 def load_finetune_weights(model, ckpt: dict, path) -> None:
@@ -168,17 +165,17 @@ def run(cfg: Any) -> dict[str, Any]:
     """Train and score the run the composed config `cfg` describes (resolved here, once, into a
     RunSpec); its folder is held by this process throughout (run_folder.locked)."""
     spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
-    with locked(spec.run_dir, _rank_zero()):
+    with locked(spec.run_dir, rank_zero()):
         return _run(spec)
 
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0, cpu0 = time.time(), cpu_seconds()
-    code = code_version() if _rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
+    code = code_version() if rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
     callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
-    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, _rank_zero())
+    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, rank_zero())
     if cont.finished is not None:
         r = cont.finished
         print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
@@ -250,30 +247,35 @@ def _run(spec: RunSpec) -> dict[str, Any]:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
         except StopAfterCheckpoint:  # preempted: the checkpoint is written, the outcome says so
             pass
-        if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
-            stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
-        if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
-            outcome.end(Status.STOPPED, stopped_by="max_time")
-        elif outcome.running:  # no callback ended it: trained every planned step
-            outcome.end(Status.COMPLETED)
-        if outcome.status is Status.STOPPED:
-            by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
-                  else f"callbacks.preemption.stop_at_step={trainer.global_step}")
-            print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
-                  "to continue")
-        results.update(outcome.reasons)
-        if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
-            results.setdefault("input_independent_loss", stall.floor)
-        plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
-        if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
-            results["plateau"] = plateau.summary(trainer)
-        results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
-        # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
-        # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
-        results["status"] = outcome.status.value
-        if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
-            results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
-    except Signalled as signalled:  # SIGTERM / SIGUSR1 stopped the final passes (scoring.signals_interrupt):
+        if preemption is not None:  # a signal recorded after the last step's check ends the run preempted
+            preemption.after_fit(trainer)
+        # One scope from here to results.json: a SIGTERM / SIGUSR1 stops the run at once, `interrupted`
+        # (between fit and the final passes it used to meet the default handler: a kill, no record)
+        with signals_interrupt(trainer):
+            if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
+                stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
+            if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
+                outcome.end(Status.STOPPED, stopped_by="max_time")
+            elif outcome.running:  # no callback ended it: trained every planned step
+                outcome.end(Status.COMPLETED)
+            if outcome.status is Status.STOPPED:
+                by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
+                      else f"callbacks.preemption.stop_at_step={trainer.global_step}")
+                print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
+                      "to continue")
+            results.update(outcome.reasons)
+            if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
+                results.setdefault("input_independent_loss", stall.floor)
+            plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
+            if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
+                results["plateau"] = plateau.summary(trainer)
+            results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
+            # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
+            # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
+            results["status"] = outcome.status.value
+            if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
+                results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
+    except Signalled as signalled:  # SIGTERM / SIGUSR1 after fit stopped the run (scoring.signals_interrupt):
         stop = signalled            # handed over below, once results.json says `interrupted`
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
         results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")

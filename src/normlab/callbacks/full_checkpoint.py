@@ -145,7 +145,8 @@ class FullStateCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        if self.every and trainer.global_step != self._last_step and trainer.global_step > 0:
+        # (stop_after_save: a signal after the last step's check, callbacks/preemption.py)
+        if (self.every or self.stop_after_save) and trainer.global_step != self._last_step and trainer.global_step > 0:
             self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:

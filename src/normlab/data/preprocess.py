@@ -35,6 +35,7 @@ from tqdm import tqdm
 from normlab.data.arrays import ArrayWriter, token_dtype
 from normlab.data.corpus import CorpusError, LineReader, check_aligned, check_pairs, decode_lines, scan
 from normlab.data.tokenizer import MODEL_FILE, Tokenizer
+from normlab.file_mode import creation_mode
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,7 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
         check_aligned(files[split][0], infos[split, "src"].lines, files[split][1], infos[split, "tgt"].lines)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would keep the folder from the user's group
+    os.chmod(tmp, creation_mode(folder=True))  # mkdtemp's 0700 would keep the folder from the user's group
     try:
         t1 = time.perf_counter()
         spm = spm or SpmSettings()
