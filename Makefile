@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The CPU wheel of torch; a GPU user installs a CUDA torch into .venv first (README).
+# The CPU wheel of torch; a GPU user installs a CUDA torch into .venv first (docs/training.md, "GPU install").
 TORCH  ?= torch==2.13.0
 
 .PHONY: install train test test-kernels test-slow clean constraints

@@ -190,7 +190,7 @@ def test_average_command_on_a_run(trained, tmp_path, capsys):
     assert tok is not None and not model.training
     assert call(evaluate.main, out, "--src", corpus["test_src"], "--ref", corpus["test_tgt"],
                 "--output", tmp_path / "avg.json", *DECODE) == 0
-    # the same average again (as the README's `average $RUN --last 5` after training wrote it): left as it is
+    # the same average again (as docs/decoding.md's `average $RUN --last 5` after training wrote it): left as it is
     capsys.readouterr()
     assert call(average.main, run_dir, "--last", 2, "--output", out) == 0
     assert "already the average" in capsys.readouterr().out

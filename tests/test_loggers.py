@@ -117,8 +117,8 @@ def test_one_score_per_key_and_wandb_summary_equals_results(three_logger_run):
 
 
 def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatch):
-    """README: `wandb sync --id <wandb_id> <run>/wandb/offline-run-*` with the pinned wandb (which has
-    no `--append`): both legs of a continued offline run, for the one id (a dry run: no network)."""
+    """docs/runs-that-survive.md: `wandb sync --id <wandb_id> <run>/wandb/offline-run-*` with the pinned
+    wandb (which has no `--append`): both legs of a continued offline run, for the one id (a dry run: no network)."""
     import subprocess
     import sys
     import time

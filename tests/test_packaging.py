@@ -1,4 +1,4 @@
-"""Packaging: a console script per command (and `python -m` still works), every README feature in
+"""Packaging: a console script per command (and `python -m` still works), every documented feature in
 the default install, versions pinned to what the tests passed with, Optuna's sqlite storage."""
 import re
 import subprocess

@@ -1,5 +1,5 @@
-"""Every command example in README.md runs as written (on a tiny run), so a change cannot break
-one silently. One test case per example, named by its README line.
+"""Every command example in README.md and docs/*.md runs as written (on a tiny run), so a change
+cannot break one silently. One test case per example, named by its file and line (`docs/data.md:23`).
 
 How an example is found and run (conventions for whoever adds one):
 - An example is a line of a ```bash block (lines ending in a backslash are joined; `# ...`
@@ -46,7 +46,8 @@ from normlab.run_config import validate_run_config
 
 from conftest import ROOT, compose_cfg, tiny_overrides
 
-README = ROOT / "README.md"
+# The README and every docs page: each example is run where it is written
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS = {"translate": translate, "evaluate": evaluate, "average": average, "prune": prune,
             "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess}
 DECODING = ("translate", "evaluate", "prune")
@@ -69,15 +70,16 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
 
 @dataclass
 class Example:
+    page: str  # the file, relative to the checkout: README.md, docs/data.md
     line: int
     text: str
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
-def readme_examples() -> list[Example]:
-    text, out = README.read_text(), []
+def page_examples(page: Path) -> list[Example]:
+    text, out, name = page.read_text(encoding="utf-8"), [], page.relative_to(ROOT).as_posix()
     for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
         first = text[:block.start()].count("\n") + 2
         pending, start = "", None
@@ -89,12 +91,12 @@ def readme_examples() -> list[Example]:
                 continue
             command = " ".join(shlex.split(pending, comments=True))
             if command and not re.match(r"^[A-Z_]+=", command):  # RUN=... names a placeholder
-                out.append(Example(start, pending))
+                out.append(Example(name, start, pending))
             pending = ""
     return out
 
 
-EXAMPLES = readme_examples()
+EXAMPLES = [example for page in PAGES for example in page_examples(page)]
 
 
 def not_run_reason(example: Example) -> str | None:

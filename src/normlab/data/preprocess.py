@@ -5,7 +5,7 @@
     -> encode chunks of pairs in worker processes, appending to the arrays in order
     -> manifest.json, then one rename: the folder appears complete or not at all.
 
-The folder (format in README, "Large corpora"): spm.model; {split}.{src,tgt}.{tokens,offsets,
+The folder (format in docs/data.md, "Large corpora"): spm.model; {split}.{src,tgt}.{tokens,offsets,
 lengths} raw little-endian arrays; {valid,test}.{src,tgt}.txt, the stripped text that BLEU and
 the decoding commands read; manifest.json (inputs with sizes, mtimes and sha256, settings, counts,
 dropped pairs by reason, the arrays' dtypes and byte sizes, the command that wrote it).
