@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from normlab import cli
+from normlab import cli, errors
 from normlab.commands import runs
 from normlab.commands.common import main_guard
 
@@ -246,10 +246,16 @@ def test_module_and_console_script(sweep, capsys, monkeypatch):
                          text=True, env=env, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --sort=x: no such column") and not bad.stdout
     assert len(bad.stderr.splitlines()) == 1
+    monkeypatch.setattr(errors, "_console_script", None)  # cli.runs sets it: restored after the test
     monkeypatch.setattr(sys, "argv", ["normlab-runs", str(sweep), "--json"])
     with pytest.raises(SystemExit) as end:
         cli.runs()
     assert end.value.code == 0 and len(json.loads(capsys.readouterr().out)) == 4
+    monkeypatch.setattr(sys, "argv", ["normlab-runs", "--colour"])
+    with pytest.raises(SystemExit) as end:
+        cli.runs()
+    assert end.value.code == 2 and capsys.readouterr().err == ("error: normlab-runs: unrecognized arguments: "
+                                                               "--colour (see normlab-runs --help)\n")
 
 
 def test_checkpoint_names_are_the_callbacks():
