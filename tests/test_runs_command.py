@@ -58,8 +58,8 @@ def sweep(tmp_path) -> Path:
                                  wall_s=42.0), created="2026-01-03 09:00:00")
     make_run(root, "c", finished(test_bleu=27.5, seed=3, wall_s=75.0), created="2026-01-03 09:00:01")
     # not finished: no results.json; run.json's identity is post-LN with Admin's init (Liu et al. 2020)
-    d = make_run(root, "d", None, config={"seed": 5, "trainer": {"max_steps": 2000}, "data": {"max_positions":
-                                                                                               "${model.max_positions}"}},
+    config = {"seed": 5, "trainer": {"max_steps": 2000}, "data": {"max_positions": "${model.max_positions}"}}
+    d = make_run(root, "d", None, config=config,
                  record={"identity": {"data": {"name": "iwslt14_de_en"}, "norm": {"placement": "post"},
                                       "init": {"name": "admin"}, "model": {}, "seed": 5}},
                  created="2026-01-02 00:00:00")
@@ -129,15 +129,18 @@ def test_labels_of_a_study(tmp_path, capsys):
     make_run(root, "record", finished(study={"name": "deep_bleu", "arm": "admin", "seed": 1}))  # a study's record
     make_run(root, "grouped", finished(group="study-stall_calibration"))  # a study's run before labels
     make_run(root, "plain", finished(), config={"labels": {"study": None, "arm": None}})
+    # a study run's first leg, before its record: the config's group names the study
+    make_run(root, "starting", None, config={"group": "study-deep_bleu", "norm": {"placement": "pre"}})
     rows = {Path(r["run"]).name: (r["arm"], r["study"]) for r in rows_of(capsys, root)}
     assert rows == {"given": ("post_ln_lr2e-3", "twt_lowres"), "record": ("admin", "deep_bleu"),
-                    "grouped": ("pre_ln", "stall_calibration"), "plain": ("pre_ln", None)}
+                    "grouped": ("pre_ln", "stall_calibration"), "plain": ("pre_ln", None),
+                    "starting": ("pre_ln", "deep_bleu")}
 
 
 def test_a_record_from_before_the_corpus_label(tmp_path, capsys):
     old = finished(labels={"norm": "pre_ln", "init": "xavier", "arm": "pre_ln"})  # no `data` label yet
-    make_run(tmp_path, "old", old, record={"identity": {"data": {"name": "iwslt14_de_en"}, "norm": {"placement": "post"},
-                                                        "init": {"name": "admin"}, "model": {}}})
+    ident = {"data": {"name": "iwslt14_de_en"}, "norm": {"placement": "post"}, "init": {"name": "admin"}, "model": {}}
+    make_run(tmp_path, "old", old, record={"identity": ident})
     (row,) = rows_of(capsys, tmp_path)
     # the corpus from run.json's identity; the labels the record holds are kept (not recomputed)
     assert (row["corpus"], row["norm"], row["arm"]) == ("iwslt14_de_en", "pre_ln", "pre_ln")

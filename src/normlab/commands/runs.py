@@ -19,7 +19,7 @@ left out. Each row reads what the run wrote (README, "What a run leaves behind")
 - corpus, norm, arm: the labels results.json holds (from the resolved values: normlab/identity.py),
   else computed from run.json's identity; arm and study: the config's labels.arm / labels.study
   when the run was started with them (normlab-study sets them), else the study record's, else a
-  study run's W&B group (study-<name>); `-` when absent;
+  study run's W&B group (study-<name>, in results.json or the config); `-` when absent;
 - valid BLEU, test BLEU (the scored checkpoint, beam 4), wall (over all legs), started (run.json's
   creation time; the oldest of the run's files for a folder without one).
 
@@ -189,7 +189,7 @@ def read_row(folder: Path, shown: str) -> dict:
             "corpus": labels.get("data"), "norm": labels.get("norm"),
             "arm": given.get("arm") or study_record.get("arm") or labels.get("arm"),
             "study": given.get("study") or res_labels.get("study") or study_record.get("name")
-            or _study_of_group(results.get("group")),
+            or _study_of_group(results.get("group") or config.get("group")),
             "seed": seed, "valid_bleu": _number(results.get("valid_bleu")),
             "test_bleu": _number(results.get("test_bleu")), "wall_s": _number(results.get("wall_s")),
             "started": _started(folder, record), "problem": "; ".join(problems) or None}
