@@ -13,7 +13,7 @@ SCRIPTS = {"normlab-train": "normlab.cli:train", "normlab-translate": "normlab.c
            "normlab-evaluate": "normlab.cli:evaluate", "normlab-average": "normlab.cli:average",
            "normlab-prune": "normlab.cli:prune", "normlab-report": "normlab.cli:report",
            "normlab-export-admin": "normlab.cli:export_admin", "normlab-preprocess": "normlab.cli:preprocess",
-           "normlab-study": "normlab.cli:study"}
+           "normlab-study": "normlab.cli:study", "normlab-runs": "normlab.cli:runs"}
 BIN = Path(sys.executable).parent
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, translate
+from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, runs, translate
 from normlab.commands.common import main_guard
 from normlab.commands.train import main as train_main
 from normlab.run_config import validate_run_config
@@ -49,7 +49,8 @@ from conftest import ROOT, compose_cfg, tiny_overrides
 # The README and every docs page: each example is run where it is written
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS = {"translate": translate, "evaluate": evaluate, "average": average, "prune": prune,
-            "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess}
+            "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess,
+            "runs": runs}
 DECODING = ("translate", "evaluate", "prune")
 NOT_RUN = {  # first words of the example -> why this test does not run it
     "make": "the Makefile targets: CI runs `make test` itself; `make train` is the full default run",
@@ -198,7 +199,7 @@ def run_train(args: list[str], runs: dict, tmp_path: Path) -> None:
     assert f'"status": "{"debug" if debug else "completed"}"' in results.read_text()
 
 
-def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> None:
+def run_command(name: str, args: list[str], stdin: str | None, monkeypatch, capsys) -> None:
     if name in DECODING:
         args = args + ["--max-len-a", "0", "--max-len-b", "5"]
     if name == "preprocess":
@@ -206,6 +207,9 @@ def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> N
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8"))
     assert main_guard(COMMANDS[name].main, args) == 0
+    if name == "runs":  # run in the examples' folder, where multirun/ holds the tiny run, which completed
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+        assert ["multirun/0_prenorm", "completed"] in [row[:2] for row in rows], rows
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
@@ -228,9 +232,9 @@ def test_readme_example_runs(example, tiny_runs, tmp_path, monkeypatch, capsys):
     if tokens[:2] in (["python", "train.py"], [".venv/bin/python", "train.py"]) or tokens[0] == "normlab-train":
         run_train(tokens[1 if tokens[0] == "normlab-train" else 2:], tiny_runs, tmp_path)
     elif tokens[:2] == ["python", "-m"] and tokens[2].startswith("normlab.commands."):
-        run_command(tokens[2].split(".")[-1], tokens[3:], stdin, monkeypatch)
+        run_command(tokens[2].split(".")[-1], tokens[3:], stdin, monkeypatch, capsys)
     elif tokens[0].startswith("normlab-"):
-        run_command(tokens[0].removeprefix("normlab-"), tokens[1:], stdin, monkeypatch)
+        run_command(tokens[0].removeprefix("normlab-"), tokens[1:], stdin, monkeypatch, capsys)
     else:
         pytest.fail(f"{example}: not a command this test knows: {example.text!r}; run it here or add it to "
                     "NOT_RUN with the reason (see the conventions at the top of this file)")

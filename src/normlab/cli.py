@@ -50,3 +50,7 @@ def preprocess() -> None:
 
 def study() -> None:
     _run("study")
+
+
+def runs() -> None:
+    _run("runs")
