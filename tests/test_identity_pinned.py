@@ -229,3 +229,26 @@ def test_the_report_resolves_a_runs_saved_interval():
             "'${nl.val_interval:${trainer.max_steps}}'}}); print(OmegaConf.to_container(c, resolve=True))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "'val_check_interval': 150" in out
+
+
+# debug=profiler too, but its identity reads Hydra's output folder (trainer.profiler.dirpath), known in a Hydra run only
+@pytest.mark.parametrize("mode", ["fdr", "limit", "overfit"])
+def test_debug_runs_are_named_apart_and_the_default_run_is_not(mode, tmp_path):
+    """A debug run has no checkpoint and is never continued: its folder is debug-<mode>-<run name>, which a
+    glob for the run it debugs (README: outputs/bible_de_en-pre_ln-xavier-none-e3d3-s1-*) never finds, and
+    a folder an earlier release gave it (the same hash, the default run's readable part) is not taken."""
+    import fnmatch
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        default = compose(config_name="config", overrides=[])
+        debug = compose(config_name="config", overrides=[f"debug={mode}"], return_hydra_config=True)
+    assert identity.run_name(default) == "bible_de_en-" + PINNED[0][1]  # unchanged
+    name = identity.run_name(debug)
+    digest = identity.identity_hash(debug)
+    assert name == f"debug-{mode}-bible_de_en-pre_ln-xavier-none-e3d3-s1-{digest}"
+    assert not fnmatch.fnmatch(name, "bible_de_en-pre_ln-xavier-none-e3d3-s1-*")
+    old = f"bible_de_en-pre_ln-xavier-none-e3d3-s1-{digest}"  # the name the release before gave it
+    (tmp_path / old).mkdir()
+    (tmp_path / old / "run.json").write_text('{"identity_hash": "%s"}' % digest)
+    assert resolvers._resolve_run_dir(str(tmp_path), _root_=debug) == f"{tmp_path}/{name}"
+

@@ -34,6 +34,7 @@ from normlab.model.scheme_labels import NAMED_WITH_NORM  # torch-free: the label
 # evaluation), so a key added later is identity unless it is listed here.
 NOT_IDENTITY = (
     "name", "group", "tags", "project", "run_dir", "retrain",  # labels and the folder itself
+    "labels",  # what a run is part of (a study and its arm, a debug mode): the same run in two studies is one run
     "logger", "loggers",  # where metrics go
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
     "trainer.accelerator", "trainer.strategy",  # where the same computation runs
@@ -225,8 +226,17 @@ def labels(cfg: Any) -> dict[str, str]:
             "data": data_label(c.get("data"))}
 
 
+
+def debug_mode(cfg: Any) -> str | None:
+    """The debug option a run was started with (conf/debug sets labels.debug), else None."""
+    return (plain(cfg).get("labels") or {}).get("debug")
+
+
 def run_name(cfg: Any) -> str:
-    """`<name or labels>-<identity hash>`: readable, and never shared by two different configs."""
+    """`<name or labels>-<identity hash>`: readable, and never shared by two different configs. A
+    debug run's starts with `debug-<mode>-`: it has no checkpoint and is never continued, so a glob
+    for the run it debugs (the README's `RUN=$(ls -d outputs/bible_de_en-pre_ln-...-s1-* | head -1)`)
+    must not find it."""
     c = plain(cfg)
     given = c.get("name")
     if given:
@@ -236,6 +246,8 @@ def run_name(cfg: Any) -> str:
         agg = "".join(f"-{lab[k]}" for k in ("aggregation", "attention") if lab[k] != "none")
         readable = (f"{lab['data']}-{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
+    debug = debug_mode(c)
+    readable = f"debug-{debug}-{readable}" if debug else readable
     return f"{_safe(readable)}-{identity_hash(c)}"
 
 
