@@ -1,6 +1,6 @@
 """A study's runs carry their study and arm (issue 37): in their config (`labels`, not part of the
 identity, so the committed records keep their names), results.json, W&B tags and group (a smoke
-study's apart from the real one's)."""
+study's apart from the real one's); an offline W&B run says where it is and how to sync it."""
 import json
 from pathlib import Path
 
@@ -76,4 +76,7 @@ def test_a_study_run_carries_its_labels_to_results_and_wandb(small_corpus, tmp_p
     assert group == "study-twt_lowres-smoke"
     assert {"study:twt_lowres", "arm:post_ln_lr2e-3", "budget:smoke"} <= set(tags)
     assert config["labels"]["arm"] == "post_ln_lr2e-3"  # W&B groups by config keys: labels.arm
+    # the offline run says where it is and how to upload it
+    (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    assert f"W&B offline run: {folder}; upload it with `wandb sync {folder}`" in caplog.messages
 
