@@ -1,6 +1,7 @@
 """A study's runs carry their study and arm (issue 37): in their config (`labels`, not part of the
 identity, so the committed records keep their names), results.json, W&B tags and group (a smoke
-study's apart from the real one's); an offline W&B run says where it is and how to sync it."""
+study's apart from the real one's); an offline W&B run says where it is and how to sync it; a study
+logs its verdict table to W&B beside its runs."""
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from normlab.study.spec import load_study
 from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides, wandb_records
+from study_files import claim, record, write_study_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,3 +82,31 @@ def test_a_study_run_carries_its_labels_to_results_and_wandb(small_corpus, tmp_p
     (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
     assert f"W&B offline run: {folder}; upload it with `wandb sync {folder}`" in caplog.messages
 
+
+def test_a_study_logs_its_verdict_table_to_wandb(tmp_path, monkeypatch, capsys):
+    """normlab-study --report-only on records: the README's verdicts as a wandb.Table in an offline W&B run
+    of the study's group (read back from the run's files), and a line naming it."""
+    from normlab.commands import study as study_cmd
+    from normlab.study.dashboard import COLUMNS
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    path = write_study_file(tmp_path, [claim()])
+    for arm, values in (("a", [12.0, 13.0, 12.5]), ("b1", [10.0, 10.5, 10.2])):
+        for seed, bleu in enumerate(values, 1):
+            record(tmp_path / "out", arm, seed, test_bleu=bleu, valid_bleu=10.0)
+    code = study_cmd.main([str(path), "--report-only", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")])
+    assert code == 0
+    claims = json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]
+    (folder,) = (tmp_path / "runs" / "wandb").glob("offline-run-*")
+    assert f"W&B offline run: {folder}; upload it with `wandb sync {folder}`" in capsys.readouterr().out
+    (table_file,) = folder.glob("files/media/table/verdicts_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == list(COLUMNS)
+    (row,) = table["data"]
+    got = dict(zip(COLUMNS, row))
+    assert (got["id"], got["verdict"], got["better"], got["than"]) == ("c", claims[0]["verdict"], "a", "b1")
+    assert got["difference"] == pytest.approx(claims[0]["difference"]["mean"])
+    assert (got["low"], got["high"]) == pytest.approx((claims[0]["difference"]["low"], claims[0]["difference"]["high"]))
+    _, tags, group = run_records(folder.parent.parent)
+    assert group == "study-s" and "study:s" in tags
