@@ -24,6 +24,8 @@ def test_fast_dev_run(small_corpus, tmp_path):
     assert results["status"] == "completed" and results["steps"] == 1
     assert set(results["partial"]) == {"valid", "test"} and isinstance(results["test_bleu"], float)
     assert results["checkpoint"] == "final weights"  # fast_dev_run saves no checkpoint
+    # an untrained model decodes to the cap: |src| + 5 as debug=limit (tests/test_length_cap.py), not + 50
+    assert results["decoders"]["test"]["max_len_b"] == results["decoders"]["valid"]["max_len_b"] == 5
 
 
 def test_limited_batches_score_what_was_decoded(small_corpus, tmp_path):
@@ -63,6 +65,22 @@ def test_partial_is_kept_for_every_pass(small_corpus, tmp_path):
                            "callbacks.step_checkpoints.every_n_steps=1", "callbacks.step_checkpoints.keep_last_n=2")
     assert isinstance(results["test_bleu_greedy"], float) and isinstance(results["test_bleu_avg"], float)
     assert set(results["partial"]) == {"valid", "test", "test_greedy", "test_avg"}
+
+
+def test_a_debug_run_has_its_own_folder(small_corpus, tmp_path, monkeypatch):
+    """The folder Hydra names for `python train.py debug=fdr` is outputs/debug-fdr-<run name>: never the
+    run it debugs (README: its RUN= glob, tests/test_readme_examples.py), whose folder stays as it was."""
+    from normlab import identity
+    from normlab.commands.train import main
+
+    monkeypatch.chdir(tmp_path)
+    over = [o for o in tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache") if not o.startswith("++run_dir")]
+    assert main(["debug=fdr", *over, "data.eval_max_tokens=256"]) == 0
+    (folder,) = (tmp_path / "outputs").iterdir()
+    debugged = identity.run_name(compose_cfg(over))
+    assert folder.name == f"debug-fdr-tiny-test-{identity.identity_hash(compose_cfg(['debug=fdr', *over, 'data.eval_max_tokens=256']))}"
+    assert folder.name != debugged and debugged.startswith("tiny-test-")
+    assert json.loads((folder / "results.json").read_text())["labels"]["debug"] == "fdr"
 
 
 def test_debug_runs_run_again_and_write_no_checkpoint(small_corpus, tmp_path, capsys):

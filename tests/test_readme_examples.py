@@ -19,7 +19,8 @@ How an example is found and run (conventions for whoever adds one):
   training writes them); `pruned.ckpt` and `$RUN/prune/checkpoints/<x>.ckpt` (when the example's own
   prune line has not made it) = that run pruned to 2 layers; `ADMIN_RUN` = a tiny trained Admin
   run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines (any shell
-  assignment) only name the placeholder; `key=<placeholder>` overrides are substituted too. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
+  assignment) name the placeholder here, and are run by bash on their own test (they must name the
+  run they say); `key=<placeholder>` overrides are substituted too. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
   after `--ref`) = the tiny test split; `data/wmt14_en_de/` = the tiny corpus's folder
   (train/valid/test.{de,en}); `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
   Decoding commands get `--max-len-a 0 --max-len-b 5` appended (an untrained model never ends a
@@ -264,3 +265,38 @@ def test_the_readme_has_examples_of_every_command():
     text = " ".join(e.text for e in EXAMPLES)
     for name in ("train.py", "translate", "evaluate", "average", "prune", "report", "export_admin"):
         assert name in text, name
+
+
+def readme_assignments() -> list[Example]:
+    """The README's shell assignments (`RUN=$(...)`), which name the run the lines after them use."""
+    text, out = README.read_text(), []
+    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+        first = text[:block.start()].count("\n") + 2
+        out += [Example(first + i, raw.strip()) for i, raw in enumerate(block.group(1).split("\n"))
+                if re.match(r"^[A-Z_]+=", raw.strip())]
+    return out
+
+
+@pytest.mark.parametrize("example", readme_assignments(), ids=str)
+def test_readme_run_lines_name_the_default_run(example, tmp_path):
+    """`RUN=$(ls -d outputs/bible_de_en-pre_ln-xavier-none-e3d3-s1-* | head -1)   # the default run's folder`,
+    run by bash where outputs/ holds the default run (`python train.py`) and a run of the debug options of
+    the same config (`python train.py debug=fdr`, ...; debug=profiler is named in a Hydra run only: its
+    identity reads the output folder): it names the default run, the only one its glob finds. (Debug runs have no checkpoint: when the glob found one first, the translate after it failed.)"""
+    import subprocess
+
+    from normlab import identity
+
+    m = re.match(r"^[A-Z_]+=\$\((.*)\)\s*#\s*(.*)$", example.text)
+    assert m and m.group(2) == "the default run's folder", f"{example}: a RUN= line this test does not know"
+    names = {mode: identity.run_name(compose_cfg([f"debug={mode}"] if mode else []))
+             for mode in (None, "fdr", "limit", "overfit")}
+    for name in names.values():
+        (tmp_path / "outputs" / name).mkdir(parents=True)
+    assert len(set(names.values())) == 4
+
+    def bash(command: str) -> list[str]:
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert bash(m.group(1)) == bash(m.group(1).split("|")[0]) == [f"outputs/{names[None]}"]

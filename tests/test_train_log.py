@@ -109,3 +109,33 @@ def test_lightning_notices_a_user_cannot_act_on_are_filtered():
         warnings.warn("The dirpath has changed from '/a/checkpoints' to '/b/checkpoints', therefore ...")
         warnings.warn("something a user can act on")
     assert [str(w.message) for w in seen] == ["something a user can act on"]
+
+
+def test_a_validation_says_when_it_starts_and_how_long_it_took(small_corpus, tmp_path, monkeypatch, capsys):
+    """A validation in training (minutes on a study's model) writes a line when it starts, with its
+    batches, and its score line ends with its time (a clock that moves 7 s per reading: 7 s)."""
+    import itertools
+    import time
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from normlab import lit_module
+    from normlab.data.datamodule import TranslationDataModule
+    from normlab.data.tokenizer import Tokenizer
+
+    from conftest import compose_cfg
+
+    ticks = itertools.count(100, 7)
+    monkeypatch.setattr(lit_module, "time", SimpleNamespace(perf_counter=time.perf_counter,
+                                                            monotonic=lambda: float(next(ticks))))
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "eval.test=false")
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache"))
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    batches = len(TranslationDataModule(**data, tokenizer=Tokenizer.load(tmp_path / "run" / "tokenizer"))
+                  .dataloader("valid"))
+    messages = [line.split(" - ", 1)[1] for line in text.splitlines() if " - " in line]
+    lines = [m for m in messages if m.startswith("step ") and " valid: " in m]
+    assert lines[0] == f"step 4 valid: started ({batches} batches)"
+    assert re.fullmatch(r"step 4 valid: loss [\d.]+  ppl [\d.]+  bleu [\d.]+  chrf [\d.]+  \(7 s\)", lines[1]), lines
+    assert len(lines) == 2 and f"step 4 valid: started ({batches} batches)" in capsys.readouterr().out

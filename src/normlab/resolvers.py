@@ -38,8 +38,8 @@ def _folder_names(root: DictConfig) -> tuple[str, str | None]:
 
 def _folder_name(root: DictConfig, parent) -> str:
     name, legacy = _folder_names(root)
-    if parent is None:
-        return name
+    if parent is None or identity.debug_mode(root):
+        return name  # a debug run is never continued: not into a folder an earlier release named for it
     found = _existing_name(parent, name)
     if found == name and legacy and legacy != name and not (Path(parent) / name).exists() \
             and _holds(Path(parent) / legacy, name.rsplit("-", 1)[1]):

@@ -137,7 +137,8 @@ def run_dir_of(cfg: DictConfig) -> Path:
         return Path(HydraConfig.get().runtime.output_dir)
     if cfg.get("run_dir"):
         return Path(cfg.run_dir)
-    return Path("outputs") / existing_name("outputs", identity.run_name(cfg))
+    name = identity.run_name(cfg)
+    return Path("outputs") / (name if identity.debug_mode(cfg) else existing_name("outputs", name))
 
 
 def start_model(cfg: Any) -> dict[str, Any]:

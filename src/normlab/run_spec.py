@@ -43,7 +43,7 @@ class FinalPasses:
 class RunSpec:
     run_dir: Path
     name: str                  # W&B name = the folder's name part
-    group: str                 # W&B group: the sweep's folder, the experiment, or "default"
+    group: str                 # W&B group: a study's (study-<name>), the sweep's folder, the experiment, or "default"
     tags: tuple[str, ...]
     labels: dict[str, str]     # the report's row values (identity.labels)
     choices: dict[str, Any]    # the Hydra choices as typed
@@ -111,7 +111,8 @@ def apply_start_model(cfg: DictConfig) -> None:
 def _group(cfg: DictConfig) -> str:
     from hydra.core.hydra_config import HydraConfig
 
-    group = cfg.get("group")
+    study = OmegaConf.select(cfg, "labels.study", default=None)  # a study's run (normlab-study): its group
+    group = cfg.get("group") or (identity.study_group(study, OmegaConf.select(cfg, "labels.budget")) if study else None)
     if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
         hc = HydraConfig.get()
         group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")

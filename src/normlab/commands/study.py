@@ -181,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{readme}:")
     for v in verdicts:
         print(f"  {v.verdict:>12}  {v.claim.id}")
+    if jobs:  # the verdict table beside the runs in W&B, where the runs log to it (study/dashboard.py)
+        from normlab.study.dashboard import log_verdicts
+        from normlab.study.runner import compose
+
+        note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
+        if note:
+            print(note)
     if failed:
         print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
     if refused:
