@@ -274,3 +274,19 @@ def test_labels_are_not_identity():
 def default_config():
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose(config_name="config", overrides=[])
+
+
+def test_only_a_runs_own_labels_reach_its_labels_and_name():
+    """`labels` is not identity: +labels.norm=x must neither rename the run nor change its labels
+    (a new folder name with the same hash); labels.arm (normlab-study) does set the arm."""
+    from normlab import identity
+
+    from conftest import compose_cfg
+
+    plain = compose_cfg([])
+    odd = compose_cfg(["+labels.norm=odd", "+labels.data=odd"])
+    assert identity.run_name(odd) == identity.run_name(plain)
+    assert identity.labels(odd) == identity.labels(plain)
+    study = compose_cfg(["labels.arm=post_ln_lr2e-3"])
+    assert identity.labels(study)["arm"] == "post_ln_lr2e-3"
+    assert identity.run_name(study) == identity.run_name(plain)

@@ -268,13 +268,21 @@ def test_the_readme_has_examples_of_every_command():
 
 
 def readme_assignments() -> list[Example]:
-    """The README's shell assignments (`RUN=$(...)`), which name the run the lines after them use."""
-    text, out = README.read_text(), []
-    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
-        first = text[:block.start()].count("\n") + 2
-        out += [Example(first + i, raw.strip()) for i, raw in enumerate(block.group(1).split("\n"))
-                if re.match(r"^[A-Z_]+=", raw.strip())]
+    """The shell assignments (`RUN=$(...)`) of the README and docs/ pages, which name the run the lines
+    after them use."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+            first = text[:block.start()].count("\n") + 2
+            out += [Example(str(page.relative_to(ROOT)), first + i, raw.strip())
+                    for i, raw in enumerate(block.group(1).split("\n")) if re.match(r"^[A-Z_]+=", raw.strip())]
     return out
+
+
+def test_the_docs_have_run_lines():
+    """The RUN= lines exist where the test below looks for them (an empty list would skip it silently)."""
+    assert readme_assignments()
 
 
 @pytest.mark.parametrize("example", readme_assignments(), ids=str)

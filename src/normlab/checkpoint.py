@@ -25,30 +25,11 @@ import torch
 
 from normlab.config import ModelConfig
 from normlab.errors import UserError
-from normlab.file_mode import creation_mode
+from normlab.file_mode import atomic_write_bytes, creation_mode  # noqa: F401 (atomic_write_bytes: this module's writers and its callers)
 
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used: missing, unreadable, unsafe or not normlab's."""
-
-
-def atomic_write_bytes(path: str | os.PathLike, write) -> None:
-    """Write through a temporary file in the same folder, then rename: readers see old or new. The
-    file gets the mode a plain open() would give it (creation_mode), not mkstemp's 0600."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, creation_mode())
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:

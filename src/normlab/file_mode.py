@@ -5,6 +5,8 @@ hold results.json, run.json, test.hyp and checkpoints that only their owner can 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 
 def umask() -> int:
@@ -25,3 +27,22 @@ def umask() -> int:
 def creation_mode(folder: bool = False) -> int:
     """The mode open() gives a new file (0o666) and mkdir a new folder (0o777) under the umask."""
     return (0o777 if folder else 0o666) & ~umask()
+
+
+def atomic_write_bytes(path: str | os.PathLike, write) -> None:
+    """Write through a temporary file in the same folder, then rename: readers see old or new. The
+    file gets the mode a plain open() would give it (creation_mode), not mkstemp's 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, creation_mode())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

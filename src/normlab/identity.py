@@ -210,12 +210,17 @@ def attention_label(model: Any) -> str:
     return "+".join(parts) or "none"
 
 
+RUN_LABELS = ("study", "arm", "budget", "debug")  # the config's `labels` a run carries (normlab-study, debug=)
+
+
 def labels(cfg: Any) -> dict[str, str]:
     """Row values for the report and W&B tags, from resolved values; with the config's `labels` that
     are set (study, arm, budget, debug). A study's arm is the run's arm (its three learning-rate arms
     of one scheme are three rows, not one), and the arm the resolved values name is kept as `scheme`."""
     c = plain(cfg)
-    given = {k: str(v) for k, v in (c.get("labels") or {}).items() if v is not None}
+    # only these: `labels` is not identity, so a label the run name is built from (norm, data, ...)
+    # must come from the resolved values, never from +labels.norm=... (a new name, the same hash)
+    given = {k: str(v) for k, v in (c.get("labels") or {}).items() if v is not None and k in RUN_LABELS}
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
     agg = aggregation_label(c.get("model") or {})
     # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et

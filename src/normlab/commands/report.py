@@ -338,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(table))
     for s in signatures(runs, prune):
         print(f"sacreBLEU: {s}")
-    if pooling_warning(table):
-        print(pooling_warning(table), file=sys.stderr)
+    pooled = pooling_warning(table)
+    if pooled:
+        print(pooled, file=sys.stderr)
     print(f"-> {out}/report.{{md,csv,json}}, runs.csv" + (f", {', '.join(plots)}" if plots else ""), file=sys.stderr)
     return 0
 

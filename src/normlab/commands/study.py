@@ -185,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         from normlab.study.dashboard import log_verdicts
         from normlab.study.runner import compose
 
-        note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
+        try:  # the README and records are written: a W&B failure must not end the study with a traceback
+            note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
+        except Exception as e:  # noqa: BLE001 (any W&B error: one line)
+            note = f"warning: the verdict table was not logged to W&B: {type(e).__name__}: {e}".splitlines()[0]
         if note:
             print(note)
     if failed:

@@ -98,6 +98,7 @@ def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     _save_config: OmegaConf.to_yaml, unresolved; tests/test_run_lock.py compares the bytes)."""
     from omegaconf import OmegaConf
 
+    from normlab.file_mode import atomic_write_bytes
     from normlab.private_api import hydra_job_config
 
     hydra_cfg = hydra_job_config()  # {hydra: ...}, as run_job copies it
@@ -105,8 +106,8 @@ def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
                        ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
-        with open(out / name, "w", encoding="utf-8") as f:
-            f.write(OmegaConf.to_yaml(node))
+        text = OmegaConf.to_yaml(node).encode("utf-8")
+        atomic_write_bytes(out / name, lambda f, text=text: f.write(text))  # a kill leaves old or new, never half
 
 
 def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
