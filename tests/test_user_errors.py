@@ -20,10 +20,10 @@ OPTIONS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "norm").glob("*.yaml
 
 
 def one_error_line(capsys) -> str:
+    """The one line printed, stdout (where the console's log lines go) and stderr together."""
     out = capsys.readouterr()
-    lines = [line for line in out.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.err
-    assert "Traceback" not in out.err + out.out
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.out + out.err
     return lines[0]
 
 
