@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
-from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
+from normlab.callbacks.full_checkpoint import NO_CONTINUATION, FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.callbacks.plateau import PlateauStop
 from normlab.callbacks.stall import StallGuard
@@ -229,12 +229,14 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         log.log(level, line)
     if spec.finetune and cont.checkpoint is None:
         log.info("fine-tuning from the weights of %s", start_ckpt)
+    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
+    if full is not None and not full.every and not spec.choices.get("debug"):  # debug runs restart anyway
+        log.warning(NO_CONTINUATION)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
     ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
     loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
                             config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
-    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started, full.code = t0, code
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
