@@ -17,6 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normlab.json_file import json_object
+
 log = logging.getLogger("normlab")
 
 
@@ -45,10 +47,7 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
         note("%s holds a finished run: its results.json is left as it is", run_dir)
     elif int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
         path = Path(run_dir) / "results.json"
-        try:
-            old = json.loads(path.read_text()) if path.is_file() else {}  # run() may have written steps etc.
-        except (OSError, ValueError):
-            old = {}
+        old = json_object(path)[0] or {}  # run() may have written steps etc. (damaged: replaced)
         tb = traceback.format_exception(type(err), err, err.__traceback__)
         results = {**old, "status": "failed", "error": f"{type(err).__name__}: {err}",
                    "traceback": "".join(tb[-12:]), "run_dir": str(run_dir), "choices": hydra_choices(),
@@ -74,10 +73,7 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
 
 
 def _status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "results.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return (json_object(run_dir / "results.json")[0] or {}).get("status")
 
 
 def _merge_start_model(cfg: DictConfig) -> None:

@@ -23,6 +23,7 @@ from normlab.data.arrays import KINDS, TokenArray
 from normlab.data.corpus import CorpusError, check_file
 from normlab.data.preprocess import FORMAT_VERSION, MANIFEST, SIDES, SPLITS, SpmSettings, preprocess
 from normlab.data.tokenizer import MODEL_FILE, Tokenizer
+from normlab.json_file import json_kind
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class DataFolder:
             manifest = json.loads(mf.read_text())
         except (OSError, ValueError) as e:
             raise CorpusError(f"{mf}: unreadable ({e}) {generic}") from None
+        if not isinstance(manifest, dict):
+            raise CorpusError(f"{mf}: {json_kind(manifest)}, not a JSON object {generic}")
         folder = cls(path, manifest)
         if manifest.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"{mf}: data folder format {manifest.get('format_version')!r}, this normlab reads "
