@@ -98,3 +98,28 @@ class FakeModule:
 
     def log(self, *a, **k):
         pass
+
+
+def train_cli(args: list[str], cwd: Path, timeout: int = 600) -> tuple[int, list[str]]:
+    """`python train.py ARGS` in `cwd` as a user runs it (neither traceback switch set): its exit
+    status and every non-empty line it printed, stdout and stderr together (log lines included)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NORMLAB_TRACEBACK")}
+    env["OMP_NUM_THREADS"] = "1"  # a shared machine: tiny models gain nothing from more
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return p.returncode, [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
+
+
+def refused(args: list[str], cwd: Path) -> str:
+    """The one line a refused `python train.py ARGS` prints (exit status 2, nothing else, no traceback)."""
+    code, lines = train_cli(args, cwd)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
+    return lines[0]
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file below `path` and its bytes (a run folder before and after a refused command)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}

@@ -49,12 +49,9 @@ def _folder_name(root: DictConfig, parent) -> str:
 
 def _holds(folder: Path, identity_hash: str) -> bool:
     """Whether `folder`'s run.json records this identity (train.run wrote it with the run's hash)."""
-    import json
+    from normlab.json_file import json_object
 
-    try:
-        return json.loads((folder / "run.json").read_text()).get("identity_hash") == identity_hash
-    except (OSError, ValueError):
-        return False
+    return (json_object(folder / "run.json")[0] or {}).get("identity_hash") == identity_hash  # damaged: not it
 
 
 # run_folder (the folders, the checkpoint) imports torch: only when Hydra resolves a run's folder,

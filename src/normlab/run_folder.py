@@ -20,7 +20,6 @@ import os
 import socket
 from contextlib import contextmanager
 import hashlib
-import json
 import logging
 import shutil
 import time
@@ -33,6 +32,7 @@ from omegaconf import DictConfig
 from normlab import identity
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
+from normlab.json_file import json_object
 from normlab.outcome import FINISHED  # results: not trained again
 
 log = logging.getLogger("normlab")
@@ -121,11 +121,8 @@ def existing_name(parent: str | Path, name: str) -> str:
         return name
     digest = name.rsplit("-", 1)[-1]
     for cand in sorted(parent.glob(f"*-{digest}")):
-        try:
-            if json.loads((cand / "run.json").read_text()).get("identity_hash") == digest:
-                return cand.name
-        except (OSError, ValueError):
-            continue
+        if (json_object(cand / RUN_FILE)[0] or {}).get("identity_hash") == digest:  # damaged: not this run's
+            return cand.name
     return name
 
 
@@ -156,10 +153,13 @@ def start_model(cfg: Any) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
+    """run.json or results.json as a dict; {} when it is absent, or damaged (cut off, not JSON, or JSON
+    that is not an object, e.g. a list): then named in one warning line and treated as missing, so
+    the run trains (or continues) and writes the file anew."""
+    value, problem = json_object(path)
+    if problem is not None:
+        log.warning("%s: %s: treated as missing (the run writes it anew)", path, problem)
+    return value or {}
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -86,15 +86,17 @@ def resolve(cfg: DictConfig) -> RunSpec:
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
     tokens = (cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
     budget = trainer_overrides(*tokens)
+    model = model_config_from_hydra(cfg)
     return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
                    tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
                    choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
                    start=identity.start_checkpoint(cfg), finetune=bool(cfg.get("finetune")),
                    resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")),
-                   seed=int(cfg.seed), project=str(cfg.project), model=model_config_from_hydra(cfg),
+                   seed=int(cfg.seed), project=str(cfg.project), model=model,
                    optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
-                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget, budget_notes=budget_notes(*tokens),
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget,
+                   budget_notes=budget_notes(*tokens, model.max_positions),
                    config=identity.plain(cfg),
                    data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"), loggers=cfg.get("logger"))
 

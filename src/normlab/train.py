@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
-from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
+from normlab.callbacks.full_checkpoint import NO_CONTINUATION, FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.callbacks.plateau import PlateauStop
 from normlab.callbacks.stall import StallGuard
@@ -70,7 +70,6 @@ def load_finetune_weights(model, ckpt: dict, path) -> None:
     if missing or unexpected:
         raise ConfigError(f"finetune={path}: the weights do not fit the model (missing: {missing[:3]}, "
                           f"unexpected: {unexpected[:3]})")
-    log.info("fine-tuning from the weights of %s", path)
 
 
 def check_weights_fit(module, ckpt: dict, path) -> None:
@@ -93,6 +92,20 @@ def check_weights_fit(module, ckpt: dict, path) -> None:
         first = _first_difference(module.state_dict(), theirs) or str(e).splitlines()[-1].strip()
         raise ConfigError(f"resume={path}", f"the checkpoint's weights do not fit the model the command line builds "
                           f"(first difference: {first}); drop the model overrides, or use finetune=") from None
+
+
+def _start_module(spec: RunSpec, tok, cont, start_state: dict | None, start_ckpt) -> Seq2SeqModule:
+    """The module for the tokenizer's vocabulary, with the start checkpoint's weights (finetune=) or
+    checked against them (resume=: Lightning loads them in fit); a folder's own checkpoint: as it is."""
+    model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
+                                    eos_id=tok.eos_id)  # the vocabulary the data is encoded with
+    module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
+                           compile=spec.compile)
+    if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
+        load_finetune_weights(module.model, start_state, start_ckpt)
+    elif spec.resume and cont.checkpoint is None:
+        check_weights_fit(module, start_state, start_ckpt)
+    return module
 
 
 def _first_difference(own: dict, theirs: dict) -> str | None:
@@ -182,10 +195,10 @@ def _run(spec: RunSpec) -> dict[str, Any]:
               "not training again (retrain=true trains it again)")
         return r
     run_dir.mkdir(parents=True, exist_ok=True)
-    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
-        log.log(level, line)
     L.seed_everything(spec.seed, workers=True)
-
+    # Every check comes before the run's first log line, so that a refusal is the one line it says
+    # (errors.py): the start checkpoint, then its weights against the model (before the data where
+    # the checkpoint holds its tokenizer), then the corpus, and only then what the run will do.
     start = spec.start
     start_ckpt = start_checkpoint_path(str(start), resume=not spec.finetune) if start else None
     start_state = readable(start_ckpt) if start_ckpt else None
@@ -196,29 +209,31 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
                                              f"{spec.max_steps} leaves nothing to train (set it above {done}, "
                                              "or use finetune= to start the step count afresh)")
-    tok_kwargs = {}
+    tok, module = None, None
     if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
 
-        tok_kwargs["tokenizer"] = Tokenizer.from_proto(start_state["tokenizer_proto"])
-    dm = hydra.utils.instantiate(spec.data, **tok_kwargs)
+        tok = Tokenizer.from_proto(start_state["tokenizer_proto"])
+        module = _start_module(spec, tok, cont, start_state, start_ckpt)  # no data read yet: the global RNG
+        # is where it was (the data module draws from seeded generators of its own), so the weights are the same
+    dm = hydra.utils.instantiate(spec.data, **({"tokenizer": tok} if tok is not None else {}))
     dm.setup("fit")
     tok = dm.tokenizer
+    if module is None:
+        module = _start_module(spec, tok, cont, start_state, start_ckpt)
     tok.save(run_dir / "tokenizer")
-    model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
-                                    eos_id=tok.eos_id)  # the data's vocabulary
-    module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
-                           compile=spec.compile)
-    if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
-        load_finetune_weights(module.model, start_state, start_ckpt)
-    elif spec.resume and cont.checkpoint is None:
-        check_weights_fit(module, start_state, start_ckpt)
+    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
+        log.log(level, line)
+    if spec.finetune and cont.checkpoint is None:
+        log.info("fine-tuning from the weights of %s", start_ckpt)
+    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
+    if full is not None and not full.every and not spec.choices.get("debug"):  # debug runs restart anyway
+        log.warning(NO_CONTINUATION)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
     ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
     loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
                             config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
-    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started, full.code = t0, code
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its

@@ -40,6 +40,10 @@ from normlab.provenance import code_legs
 
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
+# every_n_steps 0 (the debug presets: a debug run starts again anyway) keeps a run from continuing
+NO_CONTINUATION = ("callbacks.full_checkpoint.every_n_steps=0: no full-state checkpoints, so a run killed before "
+                   "its end trains again from step 0 (a preemption signal still writes one; README, \"Runs that "
+                   "survive\")")
 
 
 class StopAfterCheckpoint(Exception):

@@ -87,6 +87,8 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             if not lines:
                 raise CorpusError(f"empty corpus: every line pair of {files['train'][0]} / {files['train'][1]} "
                                   "has an empty side (no text to learn a vocabulary from)")
+            if not own_cache:  # the command's progress (a run says what its cache holds once it accepts it)
+                log.info("tokenizer: training %s (vocab %d) on %d lines", spm.model_type, spm.vocab_size, len(lines))
             try:
                 tokenizer = Tokenizer.train(lines, spm.vocab_size, spm.model_type, spm.character_coverage, spm.seed)
             except RuntimeError as e:  # e.g. a vocabulary larger than these lines allow
@@ -95,7 +97,7 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             del lines
         (tmp / MODEL_FILE).write_bytes(tokenizer.proto)
         t2 = time.perf_counter()
-        splits, arrays, texts = _encode(files, infos, tokenizer, tmp, workers, progress)
+        splits, arrays, texts = _encode(files, infos, tokenizer, tmp, workers, progress, leave=not own_cache)
         t3 = time.perf_counter()
         manifest = {
             "format": "normlab data folder", "format_version": FORMAT_VERSION,
@@ -116,9 +118,10 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; removed on any error or Ctrl-C
     train = splits["train"]
-    log.info("%s: %d train pairs (%d dropped), %d + %d tokens, in %.1f s -> %s", name, train["pairs"],
-             train["lines"] - train["pairs"], train["tokens"]["src"], train["tokens"]["tgt"],
-             time.perf_counter() - t0, out)
+    if not own_cache:
+            log.info("%s: %d train pairs (%d dropped), %d + %d tokens, in %.1f s -> %s", name, train["pairs"],
+                 train["lines"] - train["pairs"], train["tokens"]["src"], train["tokens"]["tgt"],
+                 time.perf_counter() - t0, out)
     return manifest
 
 
@@ -211,11 +214,12 @@ def _ordered(fn, tasks, pool, depth: int):
         yield pending.popleft().get()
 
 
-def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progress: bool):
+def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progress: bool, leave: bool = True):
     dtype = token_dtype(tokenizer.vocab_size)
     total = sum(infos[split, "src"].lines for split in SPLITS)
+    # leave=False (a run's cache): the bar is gone when done, so a refusal after it is still one line
     bar = tqdm(total=total, unit="pairs", unit_scale=True, desc="encode", disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
+               dynamic_ncols=True, leave=leave)
     pool, encode = None, functools.partial(_encode_chunk, sp=tokenizer.sp)
     if workers > 1:  # spawn: no fork of a process that may hold torch's threads and locks
         pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer.proto,))
