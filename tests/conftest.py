@@ -14,6 +14,22 @@ import normlab.resolvers  # noqa: F401  (the config's nl.* resolvers, as train.p
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 
+# The fixtures that train or run a command through the entry point: a test that requests one,
+# itself or through another fixture (item.fixturenames is the closure), is an integration test,
+# left out of `make test-fast`. tests/pyramid.py is the rule; tests/test_pyramid.py keeps this set
+# equal to the fixtures that enter, and a test that enters by itself carries the mark in its file.
+TRAINING_FIXTURES = frozenset({
+    "admin_run", "finetuned", "finished_run", "layerdrop_run", "pruned", "reference", "scored_run", "smoke",
+    "three_logger_run", "tiny_checkpoint", "tiny_runs", "trained", "two_runs", "whole",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINING_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
