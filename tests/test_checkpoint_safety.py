@@ -52,6 +52,7 @@ def entry_points(ckpt: Path, tmp: Path) -> dict:
     }
 
 
+@pytest.mark.integration
 def test_every_entry_point_refuses_a_checkpoint_that_would_run_code(evil, tmp_path, monkeypatch, capsys):
     path, marker = evil
     monkeypatch.chdir(tmp_path)
@@ -75,6 +76,7 @@ def tiny_checkpoint(path: Path, **extra) -> Path:
     return save_model(path, model, **extra)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind, what", [
     ("empty", "empty file, not a checkpoint"),
     ("truncated", "not a readable checkpoint, truncated or not a torch file"),

@@ -248,6 +248,7 @@ def test_average_takes_the_last_layerdrop_draw_counter_and_refuses_other_integer
         average_checkpoints([base, seed])
 
 
+@pytest.mark.integration
 def test_a_layerdrop_run_scores_its_averaged_checkpoints(small_corpus, tmp_path):
     """The default final passes on a LayerDrop run: the averaged test pass runs (it failed with
     "the run's step checkpoints do not average" when the draw counter had to be equal), and its

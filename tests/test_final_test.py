@@ -133,6 +133,7 @@ def test_the_scores_equal_an_independent_computation(scored_run):
     check_independent(*scored_run)  # the same sums in the same order: equal to the bit
 
 
+@pytest.mark.integration
 def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatch):
     """The best checkpoint replaced, between training and the final test, by one that would run code
     when unpickled: the final pass's load refuses it (weights only) and the code never runs."""
@@ -155,6 +156,7 @@ def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatc
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.integration
 def test_sigterm_while_scoring_ends_the_run_interrupted(small_corpus, tmp_path, monkeypatch):
     """SIGTERM during a final pass (a study stopping its jobs): the run is recorded `interrupted`
     without scores and the process exits 143; the handler is gone afterwards."""
@@ -254,6 +256,7 @@ def test_progress_lines_every_tenth_or_every_30_seconds(monkeypatch, caplog):
     assert seen(40, 1, 40, enabled=False) == []  # ranks other than 0
 
 
+@pytest.mark.integration
 def test_the_final_passes_write_progress_lines_to_train_log(small_corpus, tmp_path, monkeypatch):
     """A line per tenth of each final pass in train.log, numbered with the pass's batches and the
     seconds since it began (a clock of three seconds per reading: seconds = 3 x batches, so each pass

@@ -7,6 +7,8 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 SCRIPTS = {"normlab-train": "normlab.cli:train", "normlab-translate": "normlab.cli:translate",
@@ -27,6 +29,7 @@ def test_a_console_script_per_command():
         assert callable(getattr(__import__(module, fromlist=[func]), func))
 
 
+@pytest.mark.integration
 def test_scripts_and_python_m_run(tmp_path):
     bad = subprocess.run([str(BIN / "normlab-train"), "norm=sideways"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)

@@ -21,6 +21,8 @@ from normlab.train import run
 from conftest import compose_cfg, tiny_overrides
 from test_user_errors import one_error_line
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 FINETUNE_STEPS = 3
 
 

@@ -5,9 +5,12 @@ import json
 import signal
 import time
 
+import pytest
+
 from test_runs_survive import overrides, train_subprocess
 
 
+@pytest.mark.integration
 def test_a_second_copy_is_refused_and_a_dead_holders_lock_is_taken_over(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     args = overrides(small_corpus, run_dir, tmp_path / "cache")
@@ -68,8 +71,6 @@ def test_a_status_probe_is_not_a_holder(tmp_path):
     import fcntl
     import os
     import threading
-
-    import pytest
 
     from normlab.run_folder import RunFolderInUse, held_elsewhere, locked
 

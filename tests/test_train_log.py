@@ -22,6 +22,7 @@ def tiny_run(small_corpus, tmp_path, monkeypatch, *extra: str) -> tuple[str, str
     return (tmp_path / "run" / "train.log").read_text()
 
 
+@pytest.mark.integration
 def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypatch, capsys):
     text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=1", "eval.test=false")
     out = capsys.readouterr().out
@@ -42,6 +43,7 @@ def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypa
     assert out.count("GPU available") <= 1 and "test:" not in out and "valid: BLEU" in out
 
 
+@pytest.mark.integration
 def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
     text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=2", "eval.test=false",
                     "trainer.enable_progress_bar=true", "callbacks.progress_bar.tty_only=false")
@@ -52,6 +54,7 @@ def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
     assert "tok/s=" in out and "lr=" in out and "Epoch 0/-2" not in out
 
 
+@pytest.mark.integration
 def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, monkeypatch, capsys):
     """No GPU/TPU lines on CPU, no Lightning `weights_only` warning after a full checkpoint, and the
     checkpoint each final pass loads named once, in normlab's own line (was: Lightning's
@@ -66,6 +69,7 @@ def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, mo
     assert re.search(r"final test \(best-step4\.ckpt\)", out)
 
 
+@pytest.mark.integration
 def test_console_lines_carry_the_time_only_and_the_text_log_the_full_prefix(small_corpus, tmp_path, monkeypatch,
                                                                             capsys):
     """Console: `[HH:MM:SS] message` (was Hydra's ~45-character `[date time,ms][logger][LEVEL] - `);
