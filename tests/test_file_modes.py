@@ -47,6 +47,7 @@ def test_creation_mode_is_the_mode_open_and_mkdir_give(tmp_path):
     assert creation_mode(folder=True) == (tmp_path / "d").stat().st_mode & 0o777
 
 
+@pytest.mark.integration
 def test_files_a_run_writes_follow_the_umask(small_corpus, tmp_path):
     """results.json, run.json, test.hyp and the checkpoints (atomic writes through mkstemp, which
     makes 0600) get what open() gives under the umask: 0644 under 022 (was: 0600, unreadable to

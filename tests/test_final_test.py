@@ -286,6 +286,7 @@ def test_the_final_passes_write_progress_lines_to_train_log(small_corpus, tmp_pa
     assert f"][normlab][INFO] - final test (best-step4.ckpt): batch {first}/{n['test']}, {3 * first} s\n" in text
 
 
+@pytest.mark.integration
 def test_a_final_valid_pass_that_would_repeat_the_last_validation_is_not_run(small_corpus, tmp_path, monkeypatch,
                                                                                 caplog):
     """One validation, at the last step: the best checkpoint holds its weights, so the final valid pass

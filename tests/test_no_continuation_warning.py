@@ -5,6 +5,8 @@ import pytest
 
 from conftest import tiny_overrides, train_cli
 
+pytestmark = pytest.mark.integration
+
 SHORT = ["trainer.max_steps=2", "eval.test=false", "callbacks.full_checkpoint.every_n_steps=0"]
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import refused, tiny_overrides, tree
 
+pytestmark = pytest.mark.integration
+
 
 def _tiny(corpus, tmp_path) -> list[str]:
     # were the setting accepted, a run of 2 steps on a small corpus (the code before trained it)

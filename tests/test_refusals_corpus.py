@@ -10,6 +10,8 @@ import pytest
 
 from conftest import refused, tiny_overrides
 
+pytestmark = pytest.mark.integration
+
 
 def _copy(corpus: dict[str, str], to: Path) -> dict[str, str]:
     to.mkdir()

@@ -11,6 +11,8 @@ import torch
 
 from conftest import refused, tiny_overrides
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def start(small_corpus, tmp_path_factory):

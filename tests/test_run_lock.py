@@ -155,6 +155,7 @@ def contents(run_dir) -> dict:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.integration
 def test_a_refused_copy_rewrites_nothing_in_the_held_folder(tmp_path, monkeypatch, capsys):
     """The second copy of a running command stops on the lock before anything is written into the
     folder: one `error:` line, exit 2, and the running run's .hydra/ and log byte for byte as they
@@ -178,6 +179,7 @@ def test_a_refused_copy_rewrites_nothing_in_the_held_folder(tmp_path, monkeypatc
     assert contents(run_dir) == before  # .lock: removed by the holder as it ended
 
 
+@pytest.mark.integration
 def test_a_refused_multirun_job_is_reported_and_the_sweep_goes_on_and_exits_2(tmp_path, monkeypatch, capsys):
     """A multirun beside another process that holds one of its job folders: that job prints its
     one line and writes nothing there (not .hydra/, not a line of the launcher's into the holder's
@@ -205,6 +207,7 @@ def test_a_refused_multirun_job_is_reported_and_the_sweep_goes_on_and_exits_2(tm
     assert "norm.type=groupnorm" in (sweep / "1" / ".hydra" / "overrides.yaml").read_text()
 
 
+@pytest.mark.integration
 def test_the_record_a_job_saves_is_the_one_hydra_saves(tmp_path, monkeypatch):
     """.hydra/ is written by the job once it holds the folder (hydra.output_subdir is null): its three
     files are byte for byte what Hydra writes when its own saving is on (here into .hydra_by_hydra),

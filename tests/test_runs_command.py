@@ -240,6 +240,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
                                  "(see python -m normlab.commands.runs --help)\n")
 
 
+@pytest.mark.integration
 def test_module_and_console_script(sweep, capsys, monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     ok = subprocess.run([sys.executable, "-m", "normlab.commands.runs", str(sweep), "--status", "diverged"],

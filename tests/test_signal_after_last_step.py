@@ -16,6 +16,8 @@ from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 
+pytestmark = pytest.mark.integration
+
 STEPS = 8  # tiny_overrides: validation at steps 4 and 8, the last
 
 

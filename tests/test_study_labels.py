@@ -63,6 +63,7 @@ def run_records(run_dir: Path) -> tuple[dict, list[str], str]:
     return config, tags, group
 
 
+@pytest.mark.integration
 def test_a_study_run_carries_its_labels_to_results_and_wandb(small_corpus, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_MODE", "offline")
     labels = ["labels.study=twt_lowres", "labels.arm=post_ln_lr2e-3", "labels.budget=smoke"]
@@ -83,6 +84,7 @@ def test_a_study_run_carries_its_labels_to_results_and_wandb(small_corpus, tmp_p
     assert f"W&B offline run: {folder}; upload it with `wandb sync {folder}`" in caplog.messages
 
 
+@pytest.mark.integration
 def test_a_study_logs_its_verdict_table_to_wandb(tmp_path, monkeypatch, capsys):
     """normlab-study --report-only on records: the README's verdicts as a wandb.Table in an offline W&B run
     of the study's group (read back from the run's files), and a line naming it."""

@@ -115,6 +115,7 @@ def test_lightning_notices_a_user_cannot_act_on_are_filtered():
     assert [str(w.message) for w in seen] == ["something a user can act on"]
 
 
+@pytest.mark.integration
 def test_a_validation_says_when_it_starts_and_how_long_it_took(small_corpus, tmp_path, monkeypatch, capsys):
     """A validation in training (minutes on a study's model) writes a line when it starts, with its
     batches, and its score line ends with its time (a clock that moves 7 s per reading: 7 s)."""
