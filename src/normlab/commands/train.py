@@ -17,6 +17,7 @@ a multirun each refused job prints its line, the other jobs run, and the multiru
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     _failed.clear()
     _refused.clear()
     try:
-        with hydra_app_argv(argv):
+        with hydra_app_argv(argv), _root_logging_restored():
             app()
         if _failed:
             raise _failed.pop()
@@ -242,6 +243,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_env
     return 0
+
+
+@contextlib.contextmanager
+def _root_logging_restored():
+    """Hydra configures the root logger for its job (console + <run>/train.log, opened at the first
+    line: conf/hydra/default.yaml) and leaves it so. A caller that goes on in the same process (a
+    study, a test) must not log into the last job's file, which a refused job never created: the
+    handlers Hydra added are closed and the caller's come back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in root.handlers:
+            if h not in handlers:
+                h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def cli() -> None:
