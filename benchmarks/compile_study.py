@@ -51,8 +51,9 @@ def one(model: str, compiled: bool, steps: int, root: Path) -> dict:
             "loss": float(rows[-1]["train/loss"])}
 
 
-# Target tokens per update of the bundled corpus at data.max_tokens 2048, every study's batches (README,
-# Default settings: about 1,840): weighs the compile time against the training time it saves.
+# Target tokens per update of the bundled corpus at data.max_tokens 2048, every study's batches
+# (docs/results-and-determinism.md, Default settings: about 1,840): weighs the compile time against
+# the training time it saves.
 TOKENS_PER_STEP = 1840.0
 
 

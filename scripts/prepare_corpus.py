@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\ntrain on it with:\n  python train.py data=custom " + " ".join(
         f"data.{split}_{side}={o}/{split}.{lang}" for split in ("train", "valid", "test")
         for side, lang in (("src", s), ("tgt", t))) + f" data.src_lang={s} data.tgt_lang={t}")
-    print(f"or, for a large corpus, preprocess it once (README, \"Large corpora\"):\n"
+    print(f"or, for a large corpus, preprocess it once (docs/data.md, \"Large corpora\"):\n"
           f"  python -m normlab.commands.preprocess --trainpref {o}/train --validpref {o}/valid --testpref {o}/test "
           f"--src-lang {s} --tgt-lang {t} --out {o}-bin\n  python train.py data=preprocessed data.path={o}-bin")
 

@@ -2,17 +2,60 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see normlab/__init__.py
 
+import copy
 import gzip
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 import normlab.resolvers  # noqa: F401  (the config's nl.* resolvers, as train.py registers them)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
+
+_hydra_compose = sys.modules["hydra.compose"].compose
+_composed: dict = {}
+
+
+def compose_once(config_name=None, overrides=None, return_hydra_config=False, **kw):
+    """Hydra's compose, each config once per test process, a copy for every caller. The same conf/
+    files, config name and overrides compose to the same config (nothing in conf/ reads the
+    environment while composing, and no test writes to conf/); the study, identity and sweep tests
+    compose hundreds of run configs at ~0.35 s of CPU each (92% of those files' time), and every
+    study is planned by several of them (the pyramid's `make test-fast`, issue 37 item 10)."""
+    if kw or not GlobalHydra.instance().is_initialized():
+        return _hydra_compose(config_name=config_name, overrides=overrides or [],
+                              return_hydra_config=return_hydra_config, **kw)
+    sources = tuple((s.provider, s.path) for s in GlobalHydra.instance().config_loader().get_sources())
+    key = (sources, config_name, tuple(overrides or ()), return_hydra_config)
+    if key not in _composed:  # an error is raised each time, never kept
+        _composed[key] = _hydra_compose(config_name=config_name, overrides=list(overrides or ()),
+                                        return_hydra_config=return_hydra_config)
+    return copy.deepcopy(_composed[key])
+
+
+# before the test modules import it (`from hydra import compose`); normlab imports it when composing
+sys.modules["hydra.compose"].compose = sys.modules["hydra"].compose = compose_once
+from hydra import compose, initialize_config_dir  # noqa: E402  (compose: compose_once)
+
+# The fixtures that train or run a command through the entry point: a test that requests one,
+# itself or through another fixture (item.fixturenames is the closure), is an integration test,
+# left out of `make test-fast`. tests/pyramid.py is the rule; tests/test_pyramid.py keeps this set
+# equal to the fixtures that enter, and a test that enters by itself carries the mark in its file.
+TRAINING_FIXTURES = frozenset({
+    "admin_run", "finetuned", "finished_run", "layerdrop_run", "pruned", "reference", "scored_run", "smoke", "start",
+    "three_logger_run", "tiny_checkpoint", "tiny_runs", "trained", "two_runs", "whole",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINING_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -98,3 +141,28 @@ class FakeModule:
 
     def log(self, *a, **k):
         pass
+
+
+def train_cli(args: list[str], cwd: Path, timeout: int = 600) -> tuple[int, list[str]]:
+    """`python train.py ARGS` in `cwd` as a user runs it (neither traceback switch set): its exit
+    status and every non-empty line it printed, stdout and stderr together (log lines included)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NORMLAB_TRACEBACK")}
+    env["OMP_NUM_THREADS"] = "1"  # a shared machine: tiny models gain nothing from more
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return p.returncode, [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
+
+
+def refused(args: list[str], cwd: Path) -> str:
+    """The one line a refused `python train.py ARGS` prints (exit status 2, nothing else, no traceback)."""
+    code, lines = train_cli(args, cwd)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
+    return lines[0]
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file below `path` and its bytes (a run folder before and after a refused command)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}

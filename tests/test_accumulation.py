@@ -94,6 +94,7 @@ def test_divergence_patience_counts_optimizer_steps():
     assert guard.outcome.status == "diverged" and guard.min_loss == 1.0  # the per-token loss, not Lightning's 1/4
 
 
+@pytest.mark.integration
 def test_stall_stops_early_under_accumulation(small_corpus, tmp_path):
     """The same stalled run as tests/test_stall.py with accumulate 4: found at optimizer step 12 and
     stopped at 20, so its windows count optimizer steps."""

@@ -221,6 +221,7 @@ def test_bias_is_a_bool(value):
         tiny(bias=value)
 
 
+@pytest.mark.integration
 def test_a_bad_value_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
     from normlab.commands.train import main as train_main
 
@@ -232,6 +233,7 @@ def test_a_bad_value_on_the_command_line_is_one_line(tmp_path, monkeypatch, caps
     assert err == ["error: model.bias: 'maybe' is not valid (allowed: true, false)"]
 
 
+@pytest.mark.integration
 def test_a_two_step_run_without_biases(small_corpus, tmp_path):
     import json
 

@@ -1,6 +1,7 @@
 """Loading a checkpoint never runs code from it, an unreadable one is a one-line error naming the
 file at every entry point, a run folder resolves to its best checkpoint by recorded score, and
 load_model needs neither Lightning nor Hydra."""
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,7 @@ def entry_points(ckpt: Path, tmp: Path) -> dict:
     }
 
 
+@pytest.mark.integration
 def test_every_entry_point_refuses_a_checkpoint_that_would_run_code(evil, tmp_path, monkeypatch, capsys):
     path, marker = evil
     monkeypatch.chdir(tmp_path)
@@ -74,12 +76,18 @@ def tiny_checkpoint(path: Path, **extra) -> Path:
     return save_model(path, model, **extra)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind, what", [
     ("empty", "empty file, not a checkpoint"),
     ("truncated", "not a readable checkpoint, truncated or not a torch file"),
     ("text", "not a readable checkpoint, truncated or not a torch file"),
     ("folder", "no checkpoint found"),
     ("list", "not a checkpoint (a torch file holding a list)"),
+    # not "a Python object": the unpickler stops at a byte that is no pickle opcode
+    ("random bytes", "not a readable checkpoint, truncated or not a torch file (UnpicklingError: Unsupported "
+                     "operand 254)"),
+    # named before torch's unpickler prints its two-line warning about the protocol
+    ("plain pickle", "not a torch checkpoint: a plain pickle (protocol 4), not a file torch.save wrote"),
 ])
 def test_unreadable_checkpoint_is_one_line_naming_it_everywhere(kind, what, tmp_path, monkeypatch, capsys):
     path = tmp_path / f"{kind}.ckpt"
@@ -92,6 +100,10 @@ def test_unreadable_checkpoint_is_one_line_naming_it_everywhere(kind, what, tmp_
         path.write_text("this is not a checkpoint\n")
     elif kind == "folder":
         path.mkdir()
+    elif kind == "random bytes":
+        path.write_bytes(b"\xfe" + bytes(range(256)) * 16)  # 0xfe: no pickle opcode
+    elif kind == "plain pickle":
+        path.write_bytes(pickle.dumps({"state_dict": {"w": torch.zeros(2)}, "model_config": {}}, protocol=4))
     else:
         torch.save([1, 2], path)
     monkeypatch.chdir(tmp_path)

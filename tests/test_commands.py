@@ -190,7 +190,7 @@ def test_average_command_on_a_run(trained, tmp_path, capsys):
     assert tok is not None and not model.training
     assert call(evaluate.main, out, "--src", corpus["test_src"], "--ref", corpus["test_tgt"],
                 "--output", tmp_path / "avg.json", *DECODE) == 0
-    # the same average again (as the README's `average $RUN --last 5` after training wrote it): left as it is
+    # the same average again (as docs/decoding.md's `average $RUN --last 5` after training wrote it): left as it is
     capsys.readouterr()
     assert call(average.main, run_dir, "--last", 2, "--output", out) == 0
     assert "already the average" in capsys.readouterr().out
@@ -248,6 +248,7 @@ def test_average_takes_the_last_layerdrop_draw_counter_and_refuses_other_integer
         average_checkpoints([base, seed])
 
 
+@pytest.mark.integration
 def test_a_layerdrop_run_scores_its_averaged_checkpoints(small_corpus, tmp_path):
     """The default final passes on a LayerDrop run: the averaged test pass runs (it failed with
     "the run's step checkpoints do not average" when the draw counter had to be equal), and its
@@ -334,10 +335,21 @@ def test_translate_refuses_a_nul_byte_from_a_file_as_from_stdin(trained, tmp_pat
 
 
 def test_usage_names_the_console_script(monkeypatch):
+    """normlab.cli tells errors which console script runs (not read from sys.argv inside)."""
+    from normlab import cli, errors
     from normlab.errors import CommandParser, UserError
 
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/normlab-translate"])
+    monkeypatch.setattr(errors, "_console_script", None)
+    assert CommandParser(prog="python -m normlab.commands.translate").prog == "python -m normlab.commands.translate"
+    monkeypatch.setattr(sys, "argv", ["normlab-translate", "--bogus"])
+    with pytest.raises(SystemExit) as e:
+        cli.translate()
+    assert e.value.code == 2 and errors._console_script == "normlab-translate"
     with pytest.raises(UserError, match=r"^normlab-translate: .*\(see normlab-translate --help\)"):
         CommandParser(prog="python -m normlab.commands.translate").parse_args(["--bogus"])
-    monkeypatch.setattr(sys, "argv", ["-m"])
-    assert CommandParser(prog="python -m normlab.commands.translate").prog == "python -m normlab.commands.translate"
+    monkeypatch.setattr(errors, "_console_script", None)
+    cli_export = cli.export_admin
+    monkeypatch.setattr(sys, "argv", ["normlab-export-admin", "--bogus"])
+    with pytest.raises(SystemExit):
+        cli_export()
+    assert errors._console_script == "normlab-export-admin"

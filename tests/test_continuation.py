@@ -105,6 +105,7 @@ def test_finetune_weights_load_into_a_model_without_layerdrop_and_refuse_other_s
         load_finetune_weights(Seq2SeqTransformer(ModelConfig(**{**base, "encoder_ffn": 64})), ckpt, "x.ckpt")
 
 
+@pytest.mark.integration
 def test_an_unreadable_resume_checkpoint_is_one_error_before_any_data(tmp_path):
     from conftest import compose_cfg
 

@@ -11,6 +11,8 @@ from normlab.data.datamodule import TranslationDataModule
 from normlab.data.tokenizer import Tokenizer
 from test_final_test import check_independent
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 
 def ddp_run(small_corpus, tmp_path, *extra):
     run_dir = tmp_path / "run"

@@ -19,13 +19,17 @@ def debug_run(option: str, small_corpus, tmp_path, *extra: str) -> tuple[dict, o
     return run(cfg), cfg
 
 
+@pytest.mark.integration
 def test_fast_dev_run(small_corpus, tmp_path):
     results, _ = debug_run("fdr", small_corpus, tmp_path)
     assert results["status"] == "completed" and results["steps"] == 1
     assert set(results["partial"]) == {"valid", "test"} and isinstance(results["test_bleu"], float)
     assert results["checkpoint"] == "final weights"  # fast_dev_run saves no checkpoint
+    # an untrained model decodes to the cap: |src| + 5 as debug=limit (tests/test_length_cap.py), not + 50
+    assert results["decoders"]["test"]["max_len_b"] == results["decoders"]["valid"]["max_len_b"] == 5
 
 
+@pytest.mark.integration
 def test_limited_batches_score_what_was_decoded(small_corpus, tmp_path):
     results, cfg = debug_run("limit", small_corpus, tmp_path, "trainer.max_steps=4", "trainer.val_check_interval=2")
     assert results["status"] == "completed" and results["steps"] == 4
@@ -53,6 +57,7 @@ def test_debug_options_compose():
     assert compose_cfg(["debug=overfit"]).data.shuffle is False
 
 
+@pytest.mark.integration
 def test_partial_is_kept_for_every_pass(small_corpus, tmp_path):
     """With the greedy and averaged test passes on, results.json's `partial` names every pass that
     scored part of its split (was: the last pass's dict replaced the beam pass's, so a partial test
@@ -65,6 +70,24 @@ def test_partial_is_kept_for_every_pass(small_corpus, tmp_path):
     assert set(results["partial"]) == {"valid", "test", "test_greedy", "test_avg"}
 
 
+@pytest.mark.integration
+def test_a_debug_run_has_its_own_folder(small_corpus, tmp_path, monkeypatch):
+    """The folder Hydra names for `python train.py debug=fdr` is outputs/debug-fdr-<run name>: never the
+    run it debugs (README: its RUN= glob, tests/test_readme_examples.py), whose folder stays as it was."""
+    from normlab import identity
+    from normlab.commands.train import main
+
+    monkeypatch.chdir(tmp_path)
+    over = [o for o in tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache") if not o.startswith("++run_dir")]
+    assert main(["debug=fdr", *over, "data.eval_max_tokens=256"]) == 0
+    (folder,) = (tmp_path / "outputs").iterdir()
+    debugged = identity.run_name(compose_cfg(over))
+    assert folder.name == f"debug-fdr-tiny-test-{identity.identity_hash(compose_cfg(['debug=fdr', *over, 'data.eval_max_tokens=256']))}"
+    assert folder.name != debugged and debugged.startswith("tiny-test-")
+    assert json.loads((folder / "results.json").read_text())["labels"]["debug"] == "fdr"
+
+
+@pytest.mark.integration
 def test_debug_runs_run_again_and_write_no_checkpoint(small_corpus, tmp_path, capsys):
     """debug=fdr twice with the same command: both train (never 'already completed'), status debug,
     and no checkpoint file anywhere in the run folder (was: full-step1.ckpt and last.ckpt)."""

@@ -33,6 +33,7 @@ def test_the_readme_range_is_the_records_mean_plus_minus_3_sd():
     assert readme_range() == (round(mean - 3 * sd, 1), round(mean + 3 * sd, 1))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_make_train_lands_in_the_readme_range(tmp_path):
     low, high = readme_range()

@@ -15,6 +15,8 @@ from normlab.train import run
 from conftest import compose_cfg, tiny_overrides
 from test_runs_survive import wandb_history
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 STALL = ["callbacks.stall.window=4", "callbacks.stall.patience=8", "callbacks.stall.after_step=0",
          "callbacks.stall.stop_after=4", "callbacks.stall.margin=-0.5", "optim.lr=1e-12", "optim.warmup=1"]
 

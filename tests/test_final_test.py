@@ -133,6 +133,7 @@ def test_the_scores_equal_an_independent_computation(scored_run):
     check_independent(*scored_run)  # the same sums in the same order: equal to the bit
 
 
+@pytest.mark.integration
 def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatch):
     """The best checkpoint replaced, between training and the final test, by one that would run code
     when unpickled: the final pass's load refuses it (weights only) and the code never runs."""
@@ -155,6 +156,7 @@ def test_a_planted_best_checkpoint_is_refused(small_corpus, tmp_path, monkeypatc
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.integration
 def test_sigterm_while_scoring_ends_the_run_interrupted(small_corpus, tmp_path, monkeypatch):
     """SIGTERM during a final pass (a study stopping its jobs): the run is recorded `interrupted`
     without scores and the process exits 143; the handler is gone afterwards."""
@@ -223,12 +225,14 @@ def tenths(n: int) -> list[int]:
 
 
 def test_progress_lines_every_tenth_or_every_30_seconds(monkeypatch, caplog):
+    """Only a pass expected to take 30 s or more (its seconds per batch so far times its batches) has
+    progress lines: a line per tenth, and one 30 s after the previous line."""
     import itertools
 
     from normlab import scoring
 
-    def seen(total, step_s, batches, enabled=True):
-        ticks = itertools.count(0, step_s)  # the clock's readings, step_s seconds apart
+    def seen(total, step_s, batches, enabled=True, ticks=None):
+        ticks = iter(ticks) if ticks is not None else itertools.count(0, step_s)  # readings step_s s apart
         monkeypatch.setattr(scoring, "clock", lambda: float(next(ticks)))
         caplog.clear()
         with caplog.at_level("INFO", logger="normlab"):
@@ -237,23 +241,32 @@ def test_progress_lines_every_tenth_or_every_30_seconds(monkeypatch, caplog):
                 progress.batch_done(i)
         return [(b, s) for _, b, of, s in progress_lines(caplog.messages) if of == total]
 
-    assert seen(40, 0, 40) == [(i, 0) for i in range(4, 41, 4)]  # fast: a line per tenth, the last batch's too
+    assert seen(40, 1, 40) == [(i, i) for i in range(4, 41, 4)]  # 40 s: a line per tenth, the last batch's too
+    assert seen(40, 0.75, 40) == [(i, int(0.75 * i)) for i in range(4, 41, 4)]  # 30 s: the shortest with lines
+    assert seen(40, 0.7, 40) == [] and seen(40, 0, 40) == []  # 28 s, 0 s: the score line alone
     assert seen(1000, 10, 9) == [(3, 30), (6, 60), (9, 90)]  # slow: every 30 s between the tenths
     assert seen(1000, 1, 250) == [(30, 30), (60, 60), (90, 90), (100, 100), (130, 130), (160, 160), (190, 190),
                                   (200, 200), (230, 230)]
-    assert seen(3, 0, 3) == [(1, 0), (2, 0), (3, 0)]  # fewer than ten batches: every batch
-    assert seen(40, 0, 40, enabled=False) == []  # ranks other than 0
+    assert seen(3, 10, 3) == [(1, 10), (2, 20), (3, 30)]  # fewer than ten batches: every batch
+    assert seen(3, 9, 3) == []  # 27 s
+    # fast first batches (10 s expected), then slow ones: the first line when the pass is seen to be long,
+    # then each tenth (the clock read at the start and after each batch)
+    assert seen(10, None, 10, ticks=[0, 1, 2, 3, 4, 5, 25, 45, 65, 85, 105]) == [(6, 25), (7, 45), (8, 65), (9, 85),
+                                                                                (10, 105)]
+    assert seen(40, 1, 40, enabled=False) == []  # ranks other than 0
 
 
+@pytest.mark.integration
 def test_the_final_passes_write_progress_lines_to_train_log(small_corpus, tmp_path, monkeypatch):
     """A line per tenth of each final pass in train.log, numbered with the pass's batches and the
-    seconds since it began (a clock of one second per reading: seconds = batches)."""
+    seconds since it began (a clock of three seconds per reading: seconds = 3 x batches, so each pass
+    of more than 10 batches is expected to take over 30 s and shows its progress)."""
     import itertools
 
     from normlab import scoring
     from test_train_log import tiny_run
 
-    ticks = itertools.count()
+    ticks = itertools.count(0, 3)
     monkeypatch.setattr(scoring, "clock", lambda: float(next(ticks)))
     small = ["data.eval_max_tokens=96", "model.max_positions=48", "eval.test_decoder.max_len_b=5", "eval.decoder.max_len_b=5"]  # >10 batches
     text = tiny_run(small_corpus, tmp_path, monkeypatch, *small)
@@ -262,12 +275,63 @@ def test_the_final_passes_write_progress_lines_to_train_log(small_corpus, tmp_pa
     dm = TranslationDataModule(**data, tokenizer=Tokenizer.load(tmp_path / "run" / "tokenizer"))
     n = {split: len(dm.dataloader(split)) for split in ("valid", "test")}
     lines = progress_lines(text.splitlines())
-    passes = {"valid": "final valid (best-step4.ckpt)", "test": "final test (best-step4.ckpt)",
-              "test greedy": "final test greedy (best-step4.ckpt)"}
+    # the final valid pass is not run: its checkpoint is the step-4 validation's (test_a_final_valid_pass_...)
+    passes = {"test": "final test (best-step4.ckpt)", "test greedy": "final test greedy (best-step4.ckpt)"}
     assert {label for label, *_ in lines} == set(passes.values())
     for name, label in passes.items():
         total = n[name.split()[0]]
         assert total > 10 and len(tenths(total)) == 10
-        assert [(b, of, s) for lab, b, of, s in lines if lab == label] == [(b, total, b) for b in tenths(total)], name
+        assert [(b, of, s) for lab, b, of, s in lines if lab == label] == [(b, total, 3 * b) for b in tenths(total)], name
     first = tenths(n["test"])[0]
-    assert f"][normlab][INFO] - final test (best-step4.ckpt): batch {first}/{n['test']}, {first} s\n" in text
+    assert f"][normlab][INFO] - final test (best-step4.ckpt): batch {first}/{n['test']}, {3 * first} s\n" in text
+
+
+@pytest.mark.integration
+def test_a_final_valid_pass_that_would_repeat_the_last_validation_is_not_run(small_corpus, tmp_path, monkeypatch,
+                                                                                caplog):
+    """One validation, at the last step: the best checkpoint holds its weights, so the final valid pass
+    would score them again with the same batches and decoder (31 s of a CPU study run). Its scores are
+    taken, equal to the bit to an independent computation from the checkpoint file, and the log says so."""
+    from normlab import final_test
+
+    scored = []
+    real = final_test.score_split
+    monkeypatch.setattr(final_test, "score_split",
+                        lambda trainer, module, dm, split, *a, **k: scored.append(split) or real(trainer, module, dm,
+                                                                                                   split, *a, **k))
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+                      + ["trainer.max_steps=4", "trainer.val_check_interval=4", "eval.test_greedy=false",
+                         "eval.test_average=false"])
+    with caplog.at_level("INFO", logger="normlab"):
+        results = run(cfg)
+    assert scored == ["test"] and Path(results["checkpoint"]).name == "best-step4.ckpt"
+    keys = ("loss", "nll", "ppl", "bleu", "chrf")
+    want = independent_scores(tmp_path / "run", cfg, Path(results["checkpoint"]), "valid", dict(cfg.eval.decoder))
+    assert {k: results[f"valid_{k}"] for k in keys} == {k: want[k] for k in keys}
+    (line,) = [m for m in caplog.messages if m.startswith("final valid (best-step4.ckpt): loss")]
+    assert line.endswith("(the step 4 validation's scores: the same weights, not computed again)")
+
+
+def test_the_final_valid_pass_runs_unless_it_would_repeat_the_last_validation():
+    from types import SimpleNamespace as NS
+
+    from normlab.final_test import validated_scores
+
+    last = {"step": 8, "metrics": {"loss": 1.0, "bleu": 2.0}, "result": {"loss": 1.0, "bleu": 2.0}}
+    loss_only = {"step": 8, "metrics": {"loss": 1.0}, "result": {"loss": 1.0}}
+
+    def case(ckpt="c/best-step8.ckpt", saved=("c/best-step8.ckpt", 8), last=last, stalled=False, decoder=object()):
+        trainer = NS(checkpoint_callback=NS(best_saved_at=saved))
+        module = NS(last_validation=last, decoder=lambda split: decoder)
+        return validated_scores(trainer, module, ckpt, stalled)
+
+    assert case() is last
+    assert case(saved=("c/best-step4.ckpt", 4), ckpt="c/best-step4.ckpt") is None  # the best is an earlier one's
+    assert case(saved=None) is None  # saved before this process (a continued run's earlier leg)
+    assert case(last=None) is None  # no validation in this process
+    assert case(ckpt=None, saved=None) is None  # no checkpoint: the final weights are scored
+    assert case(last={**last, "result": {**last["result"], "subset": "10 of 40 sentences"}}) is None  # a subset's BLEU
+    assert case(stalled=True) is None  # it decoded; a stalled run's pass scores the loss only
+    assert case(last=loss_only, stalled=True) is loss_only
+    assert case(last=loss_only, decoder=None) is loss_only  # eval.valid_bleu=false: neither decodes
+    assert case(last=loss_only) is None  # loss only (a stall held then) where the pass decodes

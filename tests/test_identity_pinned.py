@@ -229,3 +229,64 @@ def test_the_report_resolves_a_runs_saved_interval():
             "'${nl.val_interval:${trainer.max_steps}}'}}); print(OmegaConf.to_container(c, resolve=True))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "'val_check_interval': 150" in out
+
+
+# debug=profiler too, but its identity reads Hydra's output folder (trainer.profiler.dirpath), known in a Hydra run only
+@pytest.mark.parametrize("mode", ["fdr", "limit", "overfit"])
+def test_debug_runs_are_named_apart_and_the_default_run_is_not(mode, tmp_path):
+    """A debug run has no checkpoint and is never continued: its folder is debug-<mode>-<run name>, which a
+    glob for the run it debugs (README: outputs/bible_de_en-pre_ln-xavier-none-e3d3-s1-*) never finds, and
+    a folder an earlier release gave it (the same hash, the default run's readable part) is not taken."""
+    import fnmatch
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        default = compose(config_name="config", overrides=[])
+        debug = compose(config_name="config", overrides=[f"debug={mode}"], return_hydra_config=True)
+    assert identity.run_name(default) == "bible_de_en-" + PINNED[0][1]  # unchanged
+    name = identity.run_name(debug)
+    digest = identity.identity_hash(debug)
+    assert name == f"debug-{mode}-bible_de_en-pre_ln-xavier-none-e3d3-s1-{digest}"
+    assert not fnmatch.fnmatch(name, "bible_de_en-pre_ln-xavier-none-e3d3-s1-*")
+    old = f"bible_de_en-pre_ln-xavier-none-e3d3-s1-{digest}"  # the name the release before gave it
+    (tmp_path / old).mkdir()
+    (tmp_path / old / "run.json").write_text('{"identity_hash": "%s"}' % digest)
+    assert resolvers._resolve_run_dir(str(tmp_path), _root_=debug) == f"{tmp_path}/{name}"
+
+
+def test_labels_are_not_identity():
+    """What a run is part of (a study, its arm and budget; set by normlab-study) leaves its name and hash
+    alone, so a committed study record is found again and two studies share a run (test_study.py checks
+    every record against the plan, which composes the labels)."""
+    for overrides, name in PINNED:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            labelled = compose(config_name="config", overrides=overrides + [
+                "labels.study=twt_lowres", "labels.arm=post_ln_lr2e-3", "labels.budget=smoke"])
+        corpus = "bible_fr_en" if "data=bible_fr_en" in overrides else "bible_de_en"
+        assert identity.run_name(labelled) == f"{corpus}-{name}"
+    lab = identity.labels(labelled)
+    assert (lab["study"], lab["arm"], lab["budget"], lab["scheme"]) == ("twt_lowres", "post_ln_lr2e-3", "smoke", "pre_ln")
+    tags = identity.tags(labelled, {}, ["labels.arm=post_ln_lr2e-3", "optim.lr=0.002"])
+    assert {"study:twt_lowres", "arm:post_ln_lr2e-3", "scheme:pre_ln", f"optim.lr:{labelled.optim.lr}"} <= set(tags)
+    assert not [t for t in tags if t.startswith(("labels.", "arm:pre_ln"))]  # tagged once, as the study's arm
+    assert "scheme" not in identity.labels(default_config())  # a run outside a study: labels as before
+
+
+def default_config():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=[])
+
+
+def test_only_a_runs_own_labels_reach_its_labels_and_name():
+    """`labels` is not identity: +labels.norm=x must neither rename the run nor change its labels
+    (a new folder name with the same hash); labels.arm (normlab-study) does set the arm."""
+    from normlab import identity
+
+    from conftest import compose_cfg
+
+    plain = compose_cfg([])
+    odd = compose_cfg(["+labels.norm=odd", "+labels.data=odd"])
+    assert identity.run_name(odd) == identity.run_name(plain)
+    assert identity.labels(odd) == identity.labels(plain)
+    study = compose_cfg(["labels.arm=post_ln_lr2e-3"])
+    assert identity.labels(study)["arm"] == "post_ln_lr2e-3"
+    assert identity.run_name(study) == identity.run_name(plain)

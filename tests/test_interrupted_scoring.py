@@ -26,6 +26,7 @@ def interrupted_while_scoring(over: list[str], monkeypatch) -> None:
             run(compose_cfg(over))
 
 
+@pytest.mark.integration
 def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpus, tmp_path, monkeypatch):
     over = tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + [
         "trainer.max_steps=6", "trainer.val_check_interval=3", "eval.test_greedy=false", "eval.test_average=false"]
@@ -42,6 +43,7 @@ def test_ctrl_c_while_scoring_is_interrupted_and_the_rerun_scores_it(small_corpu
     assert json.loads((tmp_path / "run" / "results.json").read_text())["test_bleu"] == again["test_bleu"]
 
 
+@pytest.mark.integration
 def test_a_run_the_stall_guard_stopped_is_not_trained_further_by_its_rerun(small_corpus, tmp_path, monkeypatch):
     """Stopped early as stalled, then Ctrl-C while scoring: the rerun continues from the checkpoint
     written at the stop and scores it as the stalled run it is (was: it trained `window` more steps
@@ -71,6 +73,7 @@ def _stalling(small_corpus, run_dir, cache, *extra):
         "eval.decoder.max_len_b=5", "callbacks.stall.margin=-0.5", "optim.lr=1e-12", "optim.warmup=1", *extra]
 
 
+@pytest.mark.integration
 def test_a_stall_decided_at_the_last_step_survives_an_interrupted_scoring(small_corpus, tmp_path, monkeypatch):
     """No early stop (stop_after null): the stall is decided when training ends, after the last
     checkpoint; Ctrl-C while scoring, then the rerun trains nothing (its checkpoint is at the last
@@ -85,6 +88,7 @@ def test_a_stall_decided_at_the_last_step_survives_an_interrupted_scoring(small_
     assert again["status"] == "stalled" and again["steps"] == 20 and again["stall_reason"] == first["stall_reason"]
 
 
+@pytest.mark.integration
 def test_resuming_a_stalled_run_elsewhere_trains_on(small_corpus, tmp_path, monkeypatch):
     """resume= another run's checkpoint written where its stall guard stopped it: that run's end is
     not this one's; with a working lr and a longer budget it trains on (a plateau can end), also in
@@ -127,6 +131,7 @@ def scores(results: dict) -> dict:
     return {k: v for k, v in results.items() if k.startswith(("valid_", "test_"))}
 
 
+@pytest.mark.integration
 def test_sigusr1_while_scoring_requeues_on_slurm_and_the_rerun_scores_it(small_corpus, tmp_path):
     """SLURM's time-limit warning (SIGUSR1) while a real run decodes its test set: the run is recorded
     `interrupted` without scores, the job requeued, the process exits 138 (was: killed by the signal,
@@ -150,6 +155,7 @@ def test_sigusr1_while_scoring_requeues_on_slurm_and_the_rerun_scores_it(small_c
     assert json.loads((tmp_path / "run" / "results.json").read_text()) == again
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_while_scoring_goes_to_the_handler_installed_before(sig, small_corpus, tmp_path, monkeypatch):
     """A handler installed before the run (submitit's) gets the signal that stops a final pass, after

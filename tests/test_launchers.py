@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF, ROOT, tiny_overrides
@@ -21,6 +22,7 @@ def test_slurm_launcher_config_follows_the_trainer():
     assert launcher.signal_delay_s > 0 and launcher.max_num_timeout > 0 and launcher.partition == "gpu"
 
 
+@pytest.mark.integration
 def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
     args = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
             if not o.startswith("++run_dir")] + [
@@ -39,6 +41,7 @@ def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
     results = json.loads((job / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 2 and results["group"] == sweep.name
     assert job.name == results["name"] and list(sweep.glob(".submitit/*/*_log.out"))  # ran as a submitit job
+    assert "seed=5" in (job / ".hydra" / "overrides.yaml").read_text()  # recorded by the job in its worker
     # the same multirun again (another launcher is not another sweep): nothing is retrained
     p = train()
     assert p.returncode == 0, p.stderr[-3000:]

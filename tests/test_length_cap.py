@@ -41,7 +41,10 @@ def _sources() -> tuple[torch.Tensor, list[int]]:
     return src, [n + 1 for n in lengths]
 
 
-@pytest.mark.parametrize("overrides, cap", [(CAP, lambda s: int(1.2 * s + 10)), ([], lambda s: s + 50)])
+# debug=fdr and debug=limit decode an untrained model, which writes to the cap: |src| + 5 (conf/debug)
+@pytest.mark.parametrize("overrides, cap", [(CAP, lambda s: int(1.2 * s + 10)), ([], lambda s: s + 50),
+                                            (["debug=fdr"], lambda s: s + 5), (["debug=limit"], lambda s: s + 5)],
+                         ids=["cap", "default", "debug=fdr", "debug=limit"])
 def test_every_hypothesis_stops_at_the_cap(overrides, cap):
     src, lengths = _sources()
     forced = _module(overrides, min_len=10**6)  # EOS never allowed before the cap: each runs to it

@@ -116,9 +116,10 @@ def test_one_score_per_key_and_wandb_summary_equals_results(three_logger_run):
     assert [float(r["test/loss"]) for r in rows if r.get("test/loss")] == [results["test_loss"]]
 
 
-def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatch):
-    """README: `wandb sync --id <wandb_id> <run>/wandb/offline-run-*` with the pinned wandb (which has
-    no `--append`): both legs of a continued offline run, for the one id (a dry run: no network)."""
+def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatch, caplog):
+    """docs/runs-that-survive.md: `wandb sync --id <wandb_id> <run>/wandb/offline-run-*` with the pinned wandb (which has
+    no `--append`): both legs of a continued offline run, for the one id (a dry run: no network). Each
+    leg ends with a line naming its folder and the command; the second leg's is that one, and it runs."""
     import subprocess
     import sys
     import time
@@ -126,17 +127,24 @@ def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatc
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    notes = []
     for leg in range(2):  # a run continued once: two offline legs with the id run.json keeps
         (logger,) = build_loggers(loggers_of("wandb"), tmp_path, "normlab-test", "n", "g", [], config={},
                                   run_id="cont1234")
         logger.log_metrics({"train/loss": 2.0 - leg}, step=leg)
-        finish_loggers([logger], {"status": "completed" if leg else "preempted"})
+        caplog.clear()
+        with caplog.at_level("INFO", logger="normlab"):
+            finish_loggers([logger], {"status": "completed" if leg else "preempted"})
+        notes += [m for m in caplog.messages if m.startswith("W&B offline run: ")]
         time.sleep(1.1)  # offline folders are named by their start second
     legs = sorted((tmp_path / "wandb").glob("offline-run-*-cont1234"))
     assert len(legs) == 2
+    assert notes == [f"W&B offline run: {legs[0]}; upload it with `wandb sync {legs[0]}`",
+                     f"W&B offline run: {legs[1]}; upload it with "
+                     f"`wandb sync --id cont1234 {tmp_path / 'wandb'}/offline-run-*-cont1234`"]
     wandb_cli = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(wandb_cli), "sync", "--dry-run", "--id", "cont1234", *map(str, legs)],
-                         capture_output=True, text=True, timeout=120)
+    command = notes[1].split("`")[1].replace("wandb sync", f"{wandb_cli} sync --dry-run", 1)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     assert out.returncode == 0 and "Would sync 2 run(s)" in text, text
     assert text.index(legs[0].name) < text.index(legs[1].name)  # in order of start time

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import ROOT, tiny_overrides, wandb_records
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 
 def _train(args: list[str], cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}

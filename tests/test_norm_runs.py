@@ -96,6 +96,7 @@ def test_admin_options_compose(small_corpus, tmp_path):
 NAN_AT = 5  # 0-based global step whose loss is made NaN
 
 
+@pytest.mark.integration
 def test_induced_nan_is_a_diverged_result(small_corpus, tmp_path_factory, monkeypatch):
     losses, finite_at_end = {}, []
     original = Seq2SeqModule.training_step
@@ -126,6 +127,7 @@ def test_induced_nan_is_a_diverged_result(small_corpus, tmp_path_factory, monkey
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.integration
 def test_loss_explosion_rule(small_corpus, tmp_path_factory, monkeypatch):
     original = Seq2SeqModule.training_step
 
@@ -157,6 +159,7 @@ def test_norm_options(option, expected):
     assert (post.type, post.placement, post.fixnorm) == (expected[0], "post", expected[2])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("option", ["b2t", "reordered", "pre_scaled", "mix", "hybrid", "hybrid_star"])
 def test_a_scheme_of_2023_2025_trains_end_to_end(option, small_corpus, tmp_path_factory):
     # norm=<name> composes, trains a few steps, validates and checkpoints (issue 20, item 2)
@@ -181,6 +184,7 @@ NEW_OPTIONS = {  # option -> (overrides, what the rebuilt model must have)
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("option", NEW_OPTIONS)
 def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, tmp_path_factory):
     extra, has_option = NEW_OPTIONS[option]
@@ -196,6 +200,7 @@ def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, t
     assert model(src, src[:, :3]).isfinite().all()
 
 
+@pytest.mark.integration
 def test_the_dwa_arm_trains_end_to_end(small_corpus, tmp_path_factory):
     # +arm=dwa_pre (DenseFormer, Pagliardini et al. 2024; issue 20, item 2): trains a few steps,
     # validates and checkpoints; α has left its identity init, its upper triangle unread and unchanged

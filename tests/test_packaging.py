@@ -1,4 +1,4 @@
-"""Packaging: a console script per command (and `python -m` still works), every README feature in
+"""Packaging: a console script per command (and `python -m` still works), every documented feature in
 the default install, versions pinned to what the tests passed with, Optuna's sqlite storage."""
 import re
 import subprocess
@@ -7,13 +7,15 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 SCRIPTS = {"normlab-train": "normlab.cli:train", "normlab-translate": "normlab.cli:translate",
            "normlab-evaluate": "normlab.cli:evaluate", "normlab-average": "normlab.cli:average",
            "normlab-prune": "normlab.cli:prune", "normlab-report": "normlab.cli:report",
            "normlab-export-admin": "normlab.cli:export_admin", "normlab-preprocess": "normlab.cli:preprocess",
-           "normlab-study": "normlab.cli:study"}
+           "normlab-study": "normlab.cli:study", "normlab-runs": "normlab.cli:runs"}
 BIN = Path(sys.executable).parent
 
 
@@ -27,6 +29,7 @@ def test_a_console_script_per_command():
         assert callable(getattr(__import__(module, fromlist=[func]), func))
 
 
+@pytest.mark.integration
 def test_scripts_and_python_m_run(tmp_path):
     bad = subprocess.run([str(BIN / "normlab-train"), "norm=sideways"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)

@@ -17,6 +17,7 @@ def _args(small_corpus, tmp_path, *more):
     return tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache") + RUN + list(more)
 
 
+@pytest.mark.integration
 def test_a_run_stops_at_its_plateau_and_says_so_even_after_a_pause(small_corpus, tmp_path):
     # min_delta 100 nats: no window of 4 steps gains that much, so the first validation with a window
     # before it (step 8) is a plateau; the run paused at step 4 must remember step 4's value to see it
@@ -29,6 +30,7 @@ def test_a_run_stops_at_its_plateau_and_says_so_even_after_a_pause(small_corpus,
     assert results["valid_loss"] > 0  # scored like any completed run
 
 
+@pytest.mark.integration
 def test_a_run_still_improving_at_the_cap_says_so(small_corpus, tmp_path):
     args = _args(small_corpus, tmp_path, "callbacks.plateau.window=8", "callbacks.plateau.min_delta=0")
     results = run(compose_cfg(args))
@@ -44,6 +46,7 @@ def test_off_by_default_keeps_the_identity_and_writes_nothing(small_corpus, tmp_
     assert identity.identity_hash(on) != identity.identity_hash(base)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("bad", ["callbacks.plateau.window=0", "callbacks.plateau.window=true",
                                  "callbacks.plateau.min_delta=-1"])
 def test_bad_settings_are_one_line(small_corpus, tmp_path, bad):

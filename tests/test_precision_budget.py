@@ -27,6 +27,7 @@ def rows(tmp_path, key):
             if r.get(key)]
 
 
+@pytest.mark.integration
 def test_bf16_mixed_runs_on_cpu(small_corpus, tmp_path):
     results = run(quick(small_corpus, tmp_path, "trainer.precision=bf16-mixed", "trainer.max_steps=3"))
     assert results["status"] == "completed" and results["steps"] == 3
@@ -44,6 +45,7 @@ def fp16(monkeypatch):
     return ["trainer.precision=null"]
 
 
+@pytest.mark.integration
 def test_fp16_overflow_steps_are_skipped_not_divergence(small_corpus, tmp_path, fp16):
     results = run(quick(small_corpus, tmp_path, *fp16, "trainer.max_steps=14"))
     assert results["status"] == "completed" and results["steps"] == 14
@@ -51,6 +53,7 @@ def test_fp16_overflow_steps_are_skipped_not_divergence(small_corpus, tmp_path, 
     assert overflows[-1][1] >= 5  # 2^40 halves to a finite scale in a dozen steps or so: each a skipped step
 
 
+@pytest.mark.integration
 def test_fp16_persistent_non_finite_loss_is_divergence(small_corpus, tmp_path, fp16, monkeypatch):
     original = Seq2SeqModule.training_step
 
@@ -63,6 +66,7 @@ def test_fp16_persistent_non_finite_loss_is_divergence(small_corpus, tmp_path, f
     assert "for 3 steps" in results["divergence_reason"]
 
 
+@pytest.mark.integration
 def test_validation_interval_counts_optimizer_steps_under_accumulation(small_corpus, tmp_path):
     run(quick(small_corpus, tmp_path, "trainer.accumulate_grad_batches=2", "trainer.max_steps=6",
               "trainer.val_check_interval=3"))

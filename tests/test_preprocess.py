@@ -274,6 +274,7 @@ def run_cli(*args) -> tuple[int, str]:
     return proc.returncode, proc.stderr
 
 
+@pytest.mark.integration
 def test_cli_writes_a_folder_train_can_use_and_errors_are_one_line(small_corpus, tmp_path):
     d = Path(small_corpus["train_src"]).parent
     out = tmp_path / "bin"
@@ -308,6 +309,7 @@ def test_cli_writes_a_folder_train_can_use_and_errors_are_one_line(small_corpus,
     assert rc == 0 and DataFolder.open(out).tokenizer.vocab_size == 280
 
 
+@pytest.mark.integration
 def test_force_never_deletes_what_preprocess_did_not_write(small_corpus, tmp_path):
     """--force over the folder that holds the input corpus, over an unrelated folder or over a plain
     file: one error line, exit 2, every file still there (was: the inputs and a file beside them

@@ -104,3 +104,49 @@ def test_overridden_lightning_methods_still_exist_and_are_called(tmp_path):
                         default_root_dir=str(tmp_path))
     trainer.fit(_Tiny())
     assert calls and spy.best_model_path  # called on validation end, and the best was saved through it
+
+
+def test_tensor_version_counts_in_place_changes():
+    t = torch.zeros(3, dtype=torch.bool)
+    v0 = api.tensor_version(t)
+    t[0] = True
+    assert api.tensor_version(t) == v0 + 1
+    assert api.tensor_version(t.clone()) == 0
+
+
+def test_reset_hydra_lets_compose_initialise_again(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    (tmp_path / "c.yaml").write_text("a: 1\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        assert compose(config_name="c").a == 1
+        assert GlobalHydra.instance().is_initialized()
+        api.reset_hydra()
+        assert not GlobalHydra.instance().is_initialized()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # no "already initialized"
+        assert compose(config_name="c", overrides=["a=2"]).a == 2
+    api.reset_hydra()
+
+
+def test_hydra_app_argv_feeds_hydra_main_and_restores(tmp_path, monkeypatch):
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    (tmp_path / "c.yaml").write_text("a: 1\n")
+    seen = []
+
+    def task(cfg):
+        seen.append((cfg.a, HydraConfig.initialized()))
+        job = api.hydra_job_config()  # what .hydra/hydra.yaml holds: {hydra: ...}
+        assert list(job) == ["hydra"] and list(job.hydra.overrides.task)[0] == "a=5"
+
+    app = hydra.main(version_base="1.3", config_path=str(tmp_path), config_name="c")(task)
+    monkeypatch.setattr("sys.argv", ["prog", "ignored=1"])
+    with api.hydra_app_argv(["a=5", f"hydra.run.dir={tmp_path / 'out'}", "hydra.output_subdir=null"]):
+        app()
+    import sys
+
+    assert seen == [(5, True)]
+    assert sys.argv == ["prog", "ignored=1"]
+    assert not HydraConfig.initialized()  # the run's Hydra config is not left for the caller

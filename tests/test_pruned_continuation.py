@@ -1,5 +1,5 @@
 """Continuing a pruned HybridNorm* model (issue 20), end to end: train, prune away layer 0 of both
-stacks, `finetune=` the pruned weights (the README's way to go on training a pruned model: the prune
+stacks, `finetune=` the pruned weights (docs/runs-that-survive.md's way to go on training a pruned model: the prune
 command writes weights-only checkpoints, which `resume=` refuses), then `resume=` that run and rerun
 it after a crash. The rebuilt first layer of each stack gets HybridNorm*'s pre-norm input norm, the
 kept layer has none: its load pre-hook removes the norm (schemes/recent.py), which check_weights_fit
@@ -20,6 +20,8 @@ from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 from test_user_errors import one_error_line
+
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
 
 FINETUNE_STEPS = 3
 

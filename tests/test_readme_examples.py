@@ -1,5 +1,5 @@
-"""Every command example in README.md runs as written (on a tiny run), so a change cannot break
-one silently. One test case per example, named by its README line.
+"""Every command example in README.md and docs/*.md runs as written (on a tiny run), so a change
+cannot break one silently. One test case per example, named by its file and line (`docs/data.md:23`).
 
 How an example is found and run (conventions for whoever adds one):
 - An example is a line of a ```bash block (lines ending in a backslash are joined; `# ...`
@@ -19,7 +19,8 @@ How an example is found and run (conventions for whoever adds one):
   training writes them); `pruned.ckpt` and `$RUN/prune/checkpoints/<x>.ckpt` (when the example's own
   prune line has not made it) = that run pruned to 2 layers; `ADMIN_RUN` = a tiny trained Admin
   run; `multirun/<anything>` = a sweep folder holding the tiny run; `RUN=...` lines (any shell
-  assignment) only name the placeholder; `key=<placeholder>` overrides are substituted too. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
+  assignment) name the placeholder here, and are run by bash on their own test (they must name the
+  run they say); `key=<placeholder>` overrides are substituted too. Input files: `data/bible_de_en/test.de.gz`, `test.de`, `src.de` (and `test.en`
   after `--ref`) = the tiny test split; `data/wmt14_en_de/` = the tiny corpus's folder
   (train/valid/test.{de,en}); `a.ckpt`, `b.ckpt` = two of the run's step checkpoints.
   Decoding commands get `--max-len-a 0 --max-len-b 5` appended (an untrained model never ends a
@@ -39,16 +40,18 @@ from pathlib import Path
 
 import pytest
 
-from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, translate
+from normlab.commands import average, evaluate, export_admin, preprocess, prune, report, runs, translate
 from normlab.commands.common import main_guard
 from normlab.commands.train import main as train_main
 from normlab.run_config import validate_run_config
 
 from conftest import ROOT, compose_cfg, tiny_overrides
 
-README = ROOT / "README.md"
+# The README and every docs page: each example is run where it is written
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS = {"translate": translate, "evaluate": evaluate, "average": average, "prune": prune,
-            "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess}
+            "report": report, "export_admin": export_admin, "export-admin": export_admin, "preprocess": preprocess,
+            "runs": runs}
 DECODING = ("translate", "evaluate", "prune")
 NOT_RUN = {  # first words of the example -> why this test does not run it
     "make": "the Makefile targets: CI runs `make test` itself; `make train` is the full default run",
@@ -69,15 +72,16 @@ NOT_RUN = {  # first words of the example -> why this test does not run it
 
 @dataclass
 class Example:
+    page: str  # the file, relative to the checkout: README.md, docs/data.md
     line: int
     text: str
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
-def readme_examples() -> list[Example]:
-    text, out = README.read_text(), []
+def page_examples(page: Path) -> list[Example]:
+    text, out, name = page.read_text(encoding="utf-8"), [], page.relative_to(ROOT).as_posix()
     for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
         first = text[:block.start()].count("\n") + 2
         pending, start = "", None
@@ -89,12 +93,12 @@ def readme_examples() -> list[Example]:
                 continue
             command = " ".join(shlex.split(pending, comments=True))
             if command and not re.match(r"^[A-Z_]+=", command):  # RUN=... names a placeholder
-                out.append(Example(start, pending))
+                out.append(Example(name, start, pending))
             pending = ""
     return out
 
 
-EXAMPLES = readme_examples()
+EXAMPLES = [example for page in PAGES for example in page_examples(page)]
 
 
 def not_run_reason(example: Example) -> str | None:
@@ -196,7 +200,7 @@ def run_train(args: list[str], runs: dict, tmp_path: Path) -> None:
     assert f'"status": "{"debug" if debug else "completed"}"' in results.read_text()
 
 
-def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> None:
+def run_command(name: str, args: list[str], stdin: str | None, monkeypatch, capsys) -> None:
     if name in DECODING:
         args = args + ["--max-len-a", "0", "--max-len-b", "5"]
     if name == "preprocess":
@@ -204,6 +208,9 @@ def run_command(name: str, args: list[str], stdin: str | None, monkeypatch) -> N
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8"))
     assert main_guard(COMMANDS[name].main, args) == 0
+    if name == "runs":  # run in the examples' folder, where multirun/ holds the tiny run, which completed
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+        assert ["multirun/0_prenorm", "completed"] in [row[:2] for row in rows], rows
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
@@ -226,9 +233,9 @@ def test_readme_example_runs(example, tiny_runs, tmp_path, monkeypatch, capsys):
     if tokens[:2] in (["python", "train.py"], [".venv/bin/python", "train.py"]) or tokens[0] == "normlab-train":
         run_train(tokens[1 if tokens[0] == "normlab-train" else 2:], tiny_runs, tmp_path)
     elif tokens[:2] == ["python", "-m"] and tokens[2].startswith("normlab.commands."):
-        run_command(tokens[2].split(".")[-1], tokens[3:], stdin, monkeypatch)
+        run_command(tokens[2].split(".")[-1], tokens[3:], stdin, monkeypatch, capsys)
     elif tokens[0].startswith("normlab-"):
-        run_command(tokens[0].removeprefix("normlab-"), tokens[1:], stdin, monkeypatch)
+        run_command(tokens[0].removeprefix("normlab-"), tokens[1:], stdin, monkeypatch, capsys)
     else:
         pytest.fail(f"{example}: not a command this test knows: {example.text!r}; run it here or add it to "
                     "NOT_RUN with the reason (see the conventions at the top of this file)")
@@ -258,3 +265,46 @@ def test_the_readme_has_examples_of_every_command():
     text = " ".join(e.text for e in EXAMPLES)
     for name in ("train.py", "translate", "evaluate", "average", "prune", "report", "export_admin"):
         assert name in text, name
+
+
+def readme_assignments() -> list[Example]:
+    """The shell assignments (`RUN=$(...)`) of the README and docs/ pages, which name the run the lines
+    after them use."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+            first = text[:block.start()].count("\n") + 2
+            out += [Example(str(page.relative_to(ROOT)), first + i, raw.strip())
+                    for i, raw in enumerate(block.group(1).split("\n")) if re.match(r"^[A-Z_]+=", raw.strip())]
+    return out
+
+
+def test_the_docs_have_run_lines():
+    """The RUN= lines exist where the test below looks for them (an empty list would skip it silently)."""
+    assert readme_assignments()
+
+
+@pytest.mark.parametrize("example", readme_assignments(), ids=str)
+def test_readme_run_lines_name_the_default_run(example, tmp_path):
+    """`RUN=$(ls -d outputs/bible_de_en-pre_ln-xavier-none-e3d3-s1-* | head -1)   # the default run's folder`,
+    run by bash where outputs/ holds the default run (`python train.py`) and a run of the debug options of
+    the same config (`python train.py debug=fdr`, ...; debug=profiler is named in a Hydra run only: its
+    identity reads the output folder): it names the default run, the only one its glob finds. (Debug runs have no checkpoint: when the glob found one first, the translate after it failed.)"""
+    import subprocess
+
+    from normlab import identity
+
+    m = re.match(r"^[A-Z_]+=\$\((.*)\)\s*#\s*(.*)$", example.text)
+    assert m and m.group(2) == "the default run's folder", f"{example}: a RUN= line this test does not know"
+    names = {mode: identity.run_name(compose_cfg([f"debug={mode}"] if mode else []))
+             for mode in (None, "fdr", "limit", "overfit")}
+    for name in names.values():
+        (tmp_path / "outputs" / name).mkdir(parents=True)
+    assert len(set(names.values())) == 4
+
+    def bash(command: str) -> list[str]:
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert bash(m.group(1)) == bash(m.group(1).split("|")[0]) == [f"outputs/{names[None]}"]

@@ -11,6 +11,8 @@ from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 
 def test_resume_continues_drophead_schedule_and_layerdrop_draws(small_corpus, tmp_path):
     run_dir = tmp_path / "run"

@@ -168,3 +168,48 @@ def test_a_stopped_or_preempted_run_is_shown_as_such_not_failed(tmp_path):
     assert sorted(r.status for r in runs) == ["completed", "preempted", "stopped"]
     cell = rep.cell_stats(runs, "valid_loss")
     assert "stopped" in cell["text"] and "preempted" in cell["text"] and "failed" not in cell["text"]
+
+
+def lr_arms(root: Path) -> Path:
+    """A study's runs: post-LN at three learning rates (arms post_ln_lr<lr>), seeds 1 and 2 (one seed of
+    the last), one of them trained on a GPU; each run's config carries its study arm (labels), as
+    normlab-study starts them."""
+    for i, (lr, seed) in enumerate([(0.001, 1), (0.001, 2), (0.002, 1), (0.002, 2), (0.003, 1)]):
+        arm = f"post_ln_lr{lr:g}"
+        d = job(root, str(i), "post_ln", 2, seed, "completed", 10.0 + i,
+                labels={"norm": "post_ln", "arm": arm, "scheme": "post_ln", "study": "s"})
+        cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
+        cfg["optim"]["lr"] = lr
+        cfg["labels"] = {"study": "s", "arm": arm, "budget": "full", "debug": None}
+        cfg["trainer"] = {"accelerator": "gpu" if i == 4 else "cpu"}  # where it ran: not what it learned
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def test_a_cell_that_pools_different_configs_says_so(tmp_path, capsys):
+    """The report's rows by the scheme (norm) pool three learning rates into one cell: one warning line
+    names the key (not the seed, the labels, where a run trained, its paths or its name); the study's
+    arms as rows (results.json labels.arm) or the key as a column keep them apart, without a warning."""
+    root = lr_arms(tmp_path / "runs")
+    out = tmp_path / "rep"
+    assert report.main([str(root), "--rows", "norm", "--cols", "model.encoder_layers", "--out", str(out)]) == 0
+    warning = ("warning: 1 of 1 cells pool runs whose configs differ in optim.lr (cell post_ln × 2: optim.lr: "
+               "0.001, 0.002, 0.003): add the keys to --rows or --cols to separate them")
+    assert [line for line in capsys.readouterr().err.splitlines() if "warning" in line] == [warning]
+    assert f"**{warning}**" in (out / "report.md").read_text()
+    assert json.loads((out / "report.json").read_text())["cells"][0]["pooled"] == {"optim.lr": [0.001, 0.002, 0.003]}
+    for rows, cols in (("arm", "model.encoder_layers"), ("norm", "optim.lr"), ("labels.arm", "seed")):
+        assert report.main([str(root), "--rows", rows, "--cols", cols, "--out", str(out), "--force"]) == 0
+        assert "warning" not in capsys.readouterr().err, (rows, cols)
+    table = report.build_table(report.find_runs([str(root)]), ["arm"], ["model.encoder_layers"], "test_bleu")
+    assert {rv[0]: c["text"] for (rv, _), c in table["cells"].items()} == {
+        "post_ln_lr0.001": "10.50 ± 0.71", "post_ln_lr0.002": "12.50 ± 0.71", "post_ln_lr0.003": "14.00"}
+
+
+def test_seeds_of_one_config_pool_without_a_warning(sweep, tmp_path, capsys):
+    assert report.main([str(sweep), "--rows", "arm", "--cols", "model.encoder_layers", "--out", str(tmp_path / "r")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    runs = report.find_runs([str(sweep)])  # post-LN's two depths in one column: the depth is named
+    table = report.build_table(runs, ["arm"], ["norm.placement"], "test_bleu")
+    assert table["cells"][(("post_ln",), ("post",))]["pooled"] == {"model.decoder_layers": [2, 6],
+                                                                   "model.encoder_layers": [2, 6]}

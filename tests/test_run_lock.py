@@ -5,9 +5,12 @@ import json
 import signal
 import time
 
+import pytest
+
 from test_runs_survive import overrides, train_subprocess
 
 
+@pytest.mark.integration
 def test_a_second_copy_is_refused_and_a_dead_holders_lock_is_taken_over(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     args = overrides(small_corpus, run_dir, tmp_path / "cache")
@@ -16,10 +19,13 @@ def test_a_second_copy_is_refused_and_a_dead_holders_lock_is_taken_over(small_co
     while time.time() < deadline and not (run_dir / "checkpoints" / "full-step5.ckpt").is_file():
         time.sleep(0.2)
     time.sleep(1.0)  # at its step-6 SIGSTOP by now
-    second = train_subprocess(args)
+    record = {k: v for k, v in contents(run_dir).items() if k.startswith(".hydra/") or k.endswith(".log")}
+    second = train_subprocess(args + ["trainer.enable_model_summary=false"])  # a setting the first never ran with
     assert second.returncode == 2, second.stderr[-2000:]
     err = second.stderr.strip().splitlines()
     assert err[-1].startswith(f"error: {run_dir}: in use by process {first.pid} on ") and "Traceback" not in second.stderr
+    assert len([line for line in err if line.startswith("error:")]) == 1
+    assert {k: v for k, v in contents(run_dir).items() if k in record} == record and len(record) >= 3
     assert (run_dir / ".lock").is_file() and not (run_dir / "results.json").exists()
     first.send_signal(signal.SIGKILL)  # the holder dies: its flock goes with it, the file stays
     first.wait(timeout=60)
@@ -65,8 +71,6 @@ def test_a_status_probe_is_not_a_holder(tmp_path):
     import fcntl
     import os
     import threading
-
-    import pytest
 
     from normlab.run_folder import RunFolderInUse, held_elsewhere, locked
 
@@ -114,3 +118,109 @@ def test_a_holder_that_ends_during_the_wait_leaves_one_holder(tmp_path):
     with locked(run_dir):
         assert path.is_file() and held_elsewhere(run_dir)  # the folder's own lock file, held
     assert not path.exists()
+
+
+# ---------------------------------------------------------------- a refused copy changes nothing (issue 37)
+
+HOLDER = """import sys
+from pathlib import Path
+from normlab.run_folder import locked
+with locked(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def hold(run_dir):
+    """Another process holding `run_dir` by run_folder.locked, until its stdin is closed."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def held_folder(run_dir) -> dict:
+    """A run folder as a running run keeps it (its record, its log): {file: bytes}."""
+    for name, text in ((".hydra/config.yaml", "seed: 1\n"), (".hydra/hydra.yaml", "hydra:\n  job:\n    name: train\n"),
+                       (".hydra/overrides.yaml", "- seed=1\n"), ("train.log", "[step 6] the holder's line\n")):
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text(text)
+    return contents(run_dir)
+
+
+def contents(run_dir) -> dict:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.integration
+def test_a_refused_copy_rewrites_nothing_in_the_held_folder(tmp_path, monkeypatch, capsys):
+    """The second copy of a running command stops on the lock before anything is written into the
+    folder: one `error:` line, exit 2, and the running run's .hydra/ and log byte for byte as they
+    were (was: Hydra had rewritten .hydra/config.yaml, hydra.yaml and overrides.yaml with the second
+    copy's settings before the job reached the lock)."""
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    before = held_folder(run_dir)
+    holder = hold(run_dir)
+    try:
+        assert train_main([f"hydra.run.dir={run_dir}", "logger=csv", "trainer.log_every_n_steps=3"]) == 2
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {run_dir}: in use by process {holder.pid} on "), out.err
+    assert "Traceback" not in out.err + out.out
+    assert contents(run_dir) == before  # .lock: removed by the holder as it ended
+
+
+@pytest.mark.integration
+def test_a_refused_multirun_job_is_reported_and_the_sweep_goes_on_and_exits_2(tmp_path, monkeypatch, capsys):
+    """A multirun beside another process that holds one of its job folders: that job prints its
+    one line and writes nothing there (not .hydra/, not a line of the launcher's into the holder's
+    log), the next job runs, and the multirun exits 2 (was: nothing printed, exit 0)."""
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    before = held_folder(sweep / "0")
+    holder = hold(sweep / "0")
+    try:  # job 1 fails on its own bad value: recorded, as any failed job of a sweep (failure.py)
+        code = train_main(["-m", "norm.type=layernorm,groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                           "hydra.sweep.subdir=${hydra.job.num}"])
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 2, out.err
+    assert errors[0].startswith(f"error: {sweep / '0'}: in use by process {holder.pid} on ")
+    assert errors[1] == ("error: 1 job(s) of this multirun did not run: their run folders are in use by another "
+                         "process (above); rerun the same command once it ends")
+    assert contents(sweep / "0") == before
+    assert json.loads((sweep / "1" / "results.json").read_text())["status"] == "failed"  # it ran
+    assert "norm.type=groupnorm" in (sweep / "1" / ".hydra" / "overrides.yaml").read_text()
+
+
+@pytest.mark.integration
+def test_the_record_a_job_saves_is_the_one_hydra_saves(tmp_path, monkeypatch):
+    """.hydra/ is written by the job once it holds the folder (hydra.output_subdir is null): its three
+    files are byte for byte what Hydra writes when its own saving is on (here into .hydra_by_hydra),
+    so everything that reads a run's record (report, evaluate, prune) reads the same files."""
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    assert train_main(["-m", "norm.type=groupnorm", "seed=3", "logger=csv", f"hydra.sweep.dir={sweep}",
+                       "hydra.sweep.subdir=${hydra.job.num}", "hydra.output_subdir=.hydra_by_hydra"]) == 0
+    ours, hydras = sweep / "0" / ".hydra", sweep / "0" / ".hydra_by_hydra"
+    names = ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in hydras.iterdir()) == names
+    for name in names:
+        assert (ours / name).read_bytes() == (hydras / name).read_bytes(), name
+    assert "seed=3" in (ours / "overrides.yaml").read_text()

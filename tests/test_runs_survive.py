@@ -25,6 +25,8 @@ from normlab.train import run
 
 from conftest import ROOT, compose_cfg, tiny_overrides
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 STEPS = 24
 # dropout, LayerDrop and DropHead draw random numbers every step; validation at 8, 16, 24 picks the
 # best checkpoint; full-state checkpoints every 5 steps, so kills land before, on and after them

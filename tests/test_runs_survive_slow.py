@@ -14,6 +14,8 @@ from normlab.train import run
 from conftest import compose_cfg
 from test_runs_survive import STEPS, assert_same_run, final_state, overrides, reference, train_subprocess  # noqa: F401
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
 
 

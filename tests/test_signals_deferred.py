@@ -69,7 +69,7 @@ def test_finish_loggers_closes_the_wandb_run_before_a_signal_is_handled(monkeypa
     from normlab import loggers
 
     events = []
-    run = types.SimpleNamespace(summary={})
+    run = types.SimpleNamespace(summary={}, offline=False)  # an online run: no sync note
     monkeypatch.setattr(wandb, "run", run, raising=False)
 
     def finish(exit_code=0):

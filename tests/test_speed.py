@@ -50,6 +50,7 @@ def _run(small_corpus, tmp_path, *extra):
     return run(cfg), tmp_path / "run"
 
 
+@pytest.mark.integration
 def test_training_step_reads_nothing_back_from_the_device(small_corpus, tmp_path, monkeypatch):
     counted = []
     step = Seq2SeqModule.training_step
@@ -70,7 +71,7 @@ def test_training_step_reads_nothing_back_from_the_device(small_corpus, tmp_path
 
 
 def test_adam_is_fused_on_gpu_unless_fp16_scaling_meets_clipping():
-    module = SimpleNamespace(optim_cfg={"clip_norm": 0.0}, _trainer=SimpleNamespace(precision="bf16-mixed"))
+    module = SimpleNamespace(optim_cfg={"clip_norm": 0.0}, _attached_trainer=lambda: SimpleNamespace(precision="bf16-mixed"))
     impl = Seq2SeqModule._adam_impl
 
     def on(device_type, **kw):
@@ -80,7 +81,7 @@ def test_adam_is_fused_on_gpu_unless_fp16_scaling_meets_clipping():
     assert on("cpu") == {"foreach": True}
     assert on("cuda") == {"fused": True}
     assert on("meta") == {}
-    fp16_clip = {"optim_cfg": {"clip_norm": 1.0}, "_trainer": SimpleNamespace(precision="16-mixed")}
+    fp16_clip = {"optim_cfg": {"clip_norm": 1.0}, "_attached_trainer": lambda: SimpleNamespace(precision="16-mixed")}
     assert impl(SimpleNamespace(**fp16_clip, parameters=lambda: iter([SimpleNamespace(device=torch.device("cuda"))]))) == {}
 
 
@@ -108,6 +109,7 @@ def test_foreach_adam_on_cpu_is_the_default_loop_bit_for_bit(weight_decay):
     assert all(torch.equal(a, b) for a, b in zip(loop, foreach, strict=True))
 
 
+@pytest.mark.integration
 def test_compiled_model_trains_like_the_eager_one_and_reports_compile_time(small_corpus, tmp_path):
     # aot_eager traces forward and backward as inductor does, without its minutes of C++ builds.
     eager, _ = _run(small_corpus, tmp_path / "eager")
@@ -118,6 +120,7 @@ def test_compiled_model_trains_like_the_eager_one_and_reports_compile_time(small
     assert json.loads((run_dir / "results.json").read_text())["compile_s"] == compiled["compile_s"]
 
 
+@pytest.mark.integration
 def test_bad_compile_value_names_the_key(small_corpus, tmp_path):
     from normlab.config import ConfigError
 
@@ -125,6 +128,7 @@ def test_bad_compile_value_names_the_key(small_corpus, tmp_path):
         _run(small_corpus, tmp_path, "model.compile=fastest")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_compile_with_inductor_on_cpu(small_corpus, tmp_path):
     results, _ = _run(small_corpus, tmp_path, "model.compile=true", "trainer.max_steps=2")
@@ -135,6 +139,7 @@ HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on
          "on_before_optimizer_step", "on_before_zero_grad", "optimizer_step", "training_step", "backward")
 
 
+@pytest.mark.integration
 def test_no_hook_of_the_default_loop_reads_back_from_the_device_on_a_non_logging_step(small_corpus, tmp_path,
                                                                                      monkeypatch):
     """Every default callback's per-step hooks and the module's, wrapped in the dispatch-level counter:

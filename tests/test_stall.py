@@ -89,6 +89,7 @@ def test_report_shows_stalled_like_diverged(two_runs):
     assert "| stalled | train loss flat at" in md.replace(str(two_runs["stalled"][0]), "")
 
 
+@pytest.mark.integration
 def test_stop_after_ends_a_stalled_run_early_and_spares_one_that_learns(small_corpus, tmp_path):
     """callbacks.stall.stop_after: checked every `window` steps; a run that learns nothing stops
     stop_after steps after the stall is first found (status stalled, both steps recorded); a run
@@ -147,6 +148,7 @@ def test_a_stall_that_recovers_clears_the_detection():
     assert not trainer.should_stop and guard.outcome.running
 
 
+@pytest.mark.integration
 def test_a_stall_stop_at_the_first_validation_completes_as_stalled(small_corpus, tmp_path):
     """The validation Lightning runs at the stall stop is the run's first (interval 20, stop at 20,
     as deep_bleu's post-LN seed 2: found at 300, stopped at 500 = its first validation). It scores

@@ -201,3 +201,46 @@ def test_every_scheme_is_in_the_study_tools():
         assert swept == arm_files, (paper, arm_files ^ swept)
     # output_change: one probe arm per arm file (its names say which: pre_scalenorm_fixnorm is pre_sn_fix)
     assert set(study["arms"]) ^ arm_files == {"pre_sn_fix", "pre_scalenorm_fixnorm"}
+
+
+def _own_private_names() -> set[str]:
+    """Private names normlab defines itself (functions, classes, attributes it assigns, module
+    variables, config keys like `_target_`): reaching those is not another library's private API."""
+    names = {"_target_", "_convert_", "_recursive_", "_partial_"}
+    for path in _modules().values():
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                names.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names.add(n.id)
+    return {x for x in names if x.startswith("_")}
+
+
+def test_private_reach_ins_live_in_private_api():
+    """Issue 37 item 4: another library's private attribute (Lightning's `_trainer`, torch's
+    `Tensor._version`, OmegaConf's `_get_node`, ...) is used only in private_api.py, whose canary
+    tests (tests/test_private_api.py) fail by name when an upgrade changes one; nor does a module
+    read the process's `sys.argv` (the entry points pass what they know), and none but private_api
+    touches Hydra's global singleton."""
+    own = _own_private_names()
+    found = []
+    for name, path in _modules().items():
+        if name == "normlab.private_api":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        entry = {id(x) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("main", "cli")
+                 for x in ast.walk(f)}  # an entry point reads its own command line
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr == "instance" and isinstance(n.value, ast.Name) \
+                    and n.value.id in ("HydraConfig", "GlobalHydra"):
+                found.append(f"{name}:{n.lineno}: {n.value.id}.instance()")
+            if isinstance(n, ast.Attribute):
+                private = n.attr.startswith("_") and not n.attr.startswith("__") and n.attr not in own
+                if private and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls", "super")):
+                    found.append(f"{name}:{n.lineno}: .{n.attr}")
+                if n.attr == "argv" and isinstance(n.value, ast.Name) and n.value.id == "sys" and id(n) not in entry:
+                    found.append(f"{name}:{n.lineno}: sys.argv")
+        found += [f"{name}: imports {i}" for i in _imports(path, top_level_only=False) if "global_hydra" in i]
+    assert not found, found

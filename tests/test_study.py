@@ -176,6 +176,7 @@ def run_study(args, timeout=300, **kw):
                           text=True, timeout=timeout, **kw)
 
 
+@pytest.mark.integration
 def test_cli_errors_are_one_line(tmp_path):
     for args, msg in ((["nosuch"], "error: study 'nosuch': no such study (allowed: "),
                       (["twt_lowres", "study.budget=huge"], "error: study.budget: 'huge' is not a budget"),
@@ -203,6 +204,7 @@ claims:
 """
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # 90 s on 2 cores: make test stays under 15 minutes (issue 34); make test-slow runs it
 def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
     study = tmp_path / "smoke_study.yaml"
@@ -253,6 +255,7 @@ def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
     assert r.returncode == 0 and "4 runs, 4 already recorded, 0 to run" in r.stdout
 
 
+@pytest.mark.integration
 def test_output_change_probe_study(tmp_path):
     """The probe study: a record per arm and seed whose growth is the log-log slope (with two depths:
     log(change at N_max / at N_min) / log(N_max / N_min)),
@@ -306,6 +309,7 @@ claims:
 """
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # 75 s on 2 cores: make test stays under 15 minutes (issue 34); make test-slow runs it
 def test_a_study_prunes_its_runs_and_judges_pruned_metrics(tmp_path):
     """The prune post-step (the budget's short decodes on top of the arm's settings) and a claim on
@@ -336,6 +340,7 @@ def test_a_study_prunes_its_runs_and_judges_pruned_metrics(tmp_path):
     assert all(rec.hypotheses("prune.every_other.r1.test_bleu") for rec in load_records(tmp_path / "out")["ld"])
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_shipped_study_runs_at_smoke_budget(name, tmp_path):

@@ -158,6 +158,7 @@ def kind_of(case: str) -> list:
     return next(k for k in (RECORD, SERIES, HYPOTHESES) if any(c[0] == case for c in k))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case, file, fn, problem, then", CASES, ids=[c[0] for c in CASES])
 def test_report_only_names_the_file_and_judges_the_rest(base, tmp_path, capsys, case, file, fn, problem, then):
     root, path = damage(base, tmp_path, file, fn)
@@ -195,6 +196,7 @@ def test_the_undamaged_study_has_every_check(base, tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case, file, fn, problem, then", [(*c, NOT_RECORDED) for c in RECORD],
                          ids=[c[0] for c in RECORD])
 def test_status_names_a_damaged_record_and_changes_nothing(base, tmp_path, capsys, case, file, fn, problem, then):
@@ -216,6 +218,7 @@ RUN_FOLDER = [("a list", lambda p: p.write_text('["x"]'), "a JSON list, not a JS
                "steps 'x' is not a number")]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case, fn, problem", RUN_FOLDER, ids=[c[0] for c in RUN_FOLDER])
 def test_status_names_a_damaged_run_folder(base, tmp_path, capsys, case, fn, problem):
     # b s1 not recorded yet; its run folder's results.json is damaged
@@ -234,6 +237,7 @@ def test_status_names_a_damaged_run_folder(base, tmp_path, capsys, case, fn, pro
     assert path.read_bytes() == before
 
 
+@pytest.mark.integration
 def test_a_study_run_leaves_the_damaged_record_and_runs_nothing(base, tmp_path, capsys):
     root, path = damage(base, tmp_path, "results.json", keep_bytes(40))
     before = files(root / "out" / "runs")

@@ -57,6 +57,7 @@ SCREEN = """screen:
 """
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # 8 training processes: ~3 min alone, 7 under load
 def test_a_smoke_study_screens_an_arm_and_runs_its_seeds_at_the_choice(tmp_path):
     path = write_study_file(tmp_path, [], arms={"a": ["norm=prenorm"], "b1": ["norm=postnorm"], "b2": ["norm=postnorm"]},

@@ -75,6 +75,7 @@ def test_a_run_another_study_recorded_counts_as_recorded(tmp_path):
     assert "2 recorded" in lines[0] and not jobs[3].record.exists()  # nothing copied
 
 
+@pytest.mark.integration
 def test_the_command_prints_the_status_and_writes_nothing(tmp_path):
     study, jobs, path, runs, out = _setup(tmp_path)
     files = lambda: sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))  # noqa: E731

@@ -85,6 +85,7 @@ def test_sweep_file_every_value_composes(name, small_corpus, tmp_path):
         validate_run_config(cfg)  # e.g. init=admin with a pre-norm arm would fail here
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_runs_one_tiny_step(name, small_corpus, tmp_path):
     results = run(compose_cfg([f"+sweep={name}", *tiny(small_corpus, tmp_path), *first_job(name)]))
@@ -101,6 +102,7 @@ def _presets_run_by_a_sweep() -> set[str]:
     return used
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", PRESETS)
 def test_experiment_preset_runs_one_tiny_step(name, small_corpus, tmp_path):
     overrides = [f"experiment={name}", *tiny(small_corpus, tmp_path)]

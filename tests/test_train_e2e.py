@@ -90,6 +90,7 @@ def test_loss_decreases(finished_run):
     assert len(losses) >= 2 and losses[-1] < losses[0]
 
 
+@pytest.mark.integration
 def test_no_bar_in_a_redirected_log(small_corpus, tmp_path, capfd):
     # stdout is not a terminal under pytest: our bar declines, and Lightning must not add its own
     # (it printed "Epoch 0/-2 ━━━" bars into train.log and SLURM logs)

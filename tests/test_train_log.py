@@ -22,6 +22,7 @@ def tiny_run(small_corpus, tmp_path, monkeypatch, *extra: str) -> tuple[str, str
     return (tmp_path / "run" / "train.log").read_text()
 
 
+@pytest.mark.integration
 def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypatch, capsys):
     text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=1", "eval.test=false")
     out = capsys.readouterr().out
@@ -42,6 +43,7 @@ def test_a_line_per_step_with_the_logged_values(small_corpus, tmp_path, monkeypa
     assert out.count("GPU available") <= 1 and "test:" not in out and "valid: BLEU" in out
 
 
+@pytest.mark.integration
 def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
     text = tiny_run(small_corpus, tmp_path, monkeypatch, "trainer.log_every_n_steps=2", "eval.test=false",
                     "trainer.enable_progress_bar=true", "callbacks.progress_bar.tty_only=false")
@@ -52,6 +54,7 @@ def test_lines_with_the_bar_on(small_corpus, tmp_path, monkeypatch, capsys):
     assert "tok/s=" in out and "lr=" in out and "Epoch 0/-2" not in out
 
 
+@pytest.mark.integration
 def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, monkeypatch, capsys):
     """No GPU/TPU lines on CPU, no Lightning `weights_only` warning after a full checkpoint, and the
     checkpoint each final pass loads named once, in normlab's own line (was: Lightning's
@@ -66,6 +69,7 @@ def test_the_console_has_nothing_a_user_cannot_act_on(small_corpus, tmp_path, mo
     assert re.search(r"final test \(best-step4\.ckpt\)", out)
 
 
+@pytest.mark.integration
 def test_console_lines_carry_the_time_only_and_the_text_log_the_full_prefix(small_corpus, tmp_path, monkeypatch,
                                                                             capsys):
     """Console: `[HH:MM:SS] message` (was Hydra's ~45-character `[date time,ms][logger][LEVEL] - `);
@@ -109,3 +113,34 @@ def test_lightning_notices_a_user_cannot_act_on_are_filtered():
         warnings.warn("The dirpath has changed from '/a/checkpoints' to '/b/checkpoints', therefore ...")
         warnings.warn("something a user can act on")
     assert [str(w.message) for w in seen] == ["something a user can act on"]
+
+
+@pytest.mark.integration
+def test_a_validation_says_when_it_starts_and_how_long_it_took(small_corpus, tmp_path, monkeypatch, capsys):
+    """A validation in training (minutes on a study's model) writes a line when it starts, with its
+    batches, and its score line ends with its time (a clock that moves 7 s per reading: 7 s)."""
+    import itertools
+    import time
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from normlab import lit_module
+    from normlab.data.datamodule import TranslationDataModule
+    from normlab.data.tokenizer import Tokenizer
+
+    from conftest import compose_cfg
+
+    ticks = itertools.count(100, 7)
+    monkeypatch.setattr(lit_module, "time", SimpleNamespace(perf_counter=time.perf_counter,
+                                                            monotonic=lambda: float(next(ticks))))
+    text = tiny_run(small_corpus, tmp_path, monkeypatch, "eval.test=false")
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "x", tmp_path / "cache"))
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"}
+    batches = len(TranslationDataModule(**data, tokenizer=Tokenizer.load(tmp_path / "run" / "tokenizer"))
+                  .dataloader("valid"))
+    messages = [line.split(" - ", 1)[1] for line in text.splitlines() if " - " in line]
+    lines = [m for m in messages if m.startswith("step ") and " valid: " in m]
+    assert lines[0] == f"step 4 valid: started ({batches} batches)"
+    assert re.fullmatch(r"step 4 valid: loss [\d.]+  ppl [\d.]+  bleu [\d.]+  chrf [\d.]+  \(7 s\)", lines[1]), lines
+    assert len(lines) == 2 and f"step 4 valid: started ({batches} batches)" in capsys.readouterr().out

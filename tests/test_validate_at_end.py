@@ -9,6 +9,8 @@ from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
 
+pytestmark = pytest.mark.integration  # every test trains or runs a command through the entry point
+
 
 @pytest.mark.parametrize("steps, validated", [(6, [4, 6]), (3, [3]), (8, [4, 8])])
 def test_validation_at_the_last_step(steps, validated, small_corpus, tmp_path):

@@ -56,16 +56,31 @@ def trainer_overrides(t: Any, max_tokens: int, target: int | None) -> dict[str, 
     return out
 
 
-def budget_notes(t: Any, max_tokens: int, target: int | None) -> tuple[tuple[int, str], ...]:
+def budget_notes(t: Any, max_tokens: int, target: int | None,
+                 max_positions: int = 1) -> tuple[tuple[int, str], ...]:
     """The (log level, line) a run prints about its tokens per update once it starts training (not
-    when it is found finished, nor before its folder is held)."""
+    when it is found finished, nor before its folder is held). `max_positions`: the smallest
+    data.max_tokens a run accepts (a batch holds the longest pair: run_config.py)."""
     world, accumulate, per_update = _accumulation(t, max_tokens, target)
     notes = [(logging.INFO, f"tokens per update: data.max_tokens {int(max_tokens)} x {world} device(s) x accumulation "
                             f"{accumulate} = {per_update}" + (f" (optim.tokens_per_update={target})" if target else ""))]
     if target and not 0.8 <= per_update / target <= 1.25:
         notes.append((logging.WARNING, f"tokens per update {per_update} is far from optim.tokens_per_update={target}: "
-                                       f"set data.max_tokens to about {max(1, target // world)}"))
+                                       + _advice(target, world, accumulate, max_positions)))
     return tuple(notes)
+
+
+def _advice(target: int, world: int, accumulate: int, max_positions: int) -> str:
+    """A data.max_tokens that reaches `target`, keeping as much of the derived accumulation as a
+    batch of at least `max_positions` tokens allows (the less memory, the more accumulation); or,
+    when even one batch per device is more than the target, what would."""
+    for a in range(accumulate, 0, -1):
+        if target // (world * a) >= max_positions:
+            return f"set data.max_tokens to about {target // (world * a)}"
+    smallest = max_positions * world
+    return (f"the smallest update here is data.max_tokens {max_positions} (model.max_positions, the least a batch "
+            f"holds) x {world} device(s) = {smallest} tokens: set optim.tokens_per_update to at least {smallest}, "
+            "or train on fewer devices")
 
 
 def stopped_by_time(trainer) -> bool:

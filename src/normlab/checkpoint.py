@@ -18,6 +18,7 @@ import os
 import pickle
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +26,11 @@ import torch
 
 from normlab.config import ModelConfig
 from normlab.errors import UserError
+from normlab.file_mode import atomic_write_bytes, creation_mode  # noqa: F401 (atomic_write_bytes: this module's writers and its callers)
 
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used: missing, unreadable, unsafe or not normlab's."""
-
-
-def atomic_write_bytes(path: str | os.PathLike, write) -> None:
-    """Write through a temporary file in the same folder, then rename: readers see old or new."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
@@ -60,16 +45,28 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
                               else "no such checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(str(path), "empty file, not a checkpoint")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    zipped = head == b"PK\x03\x04"  # torch.save's format since torch 1.6; the older one is a pickle stream
+    if not zipped and head[:1] == b"\x80" and head[1:2] > b"\x02":  # pickle's PROTO opcode, and its version
+        # torch.save's older format opens with a protocol-2 pickle: this is a plain pickle.dump (torch's
+        # unpickler would print a two-line warning about the protocol, then fail on the file)
+        raise CheckpointError(str(path), f"not a torch checkpoint: a plain pickle (protocol {head[1]}), not a file "
+                                         "torch.save wrote")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # a torch.save(..., pickle_protocol=4) file loads as any other
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            # the older format cannot be memory-mapped: read whole (torch.load would refuse it)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipped)
     except pickle.UnpicklingError as e:
-        if "weights only load failed" in str(e).lower():
-            found = re.search(r"GLOBAL (\S+)", str(e))
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        if found:  # the weights-only unpickler stopped at a reference to code: a class or a function
             raise CheckpointError(
-                str(path), f"refused: it holds a Python object ({found.group(1) if found else 'a global'}) that "
-                "loading would construct or call; normlab loads only tensors and plain values from a checkpoint"
-            ) from None
-        raise CheckpointError(str(path), f"not a readable checkpoint ({_first_line(e)})") from None
+                str(path), f"refused: it holds a Python object ({found.group(1)}) that loading would construct or "
+                "call; normlab loads only tensors and plain values from a checkpoint") from None
+        # anything else it stops at (random bytes, a file of another format) is not a checkpoint
+        raise CheckpointError(str(path), f"not a readable checkpoint, truncated or not a torch file "
+                                         f"({_unpickler_said(e)})") from None
     except Exception as e:  # truncated zip, a text file, a pickle cut short: any of torch's errors
         raise CheckpointError(str(path), f"not a readable checkpoint, truncated or not a torch file "
                                          f"({type(e).__name__}: {_first_line(e)})") from None
@@ -78,7 +75,15 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     return ckpt
 
 
-def _first_line(e: BaseException) -> str:
+def _unpickler_said(e: BaseException) -> str:
+    """What the weights-only unpickler stopped at, without torch's advice around it (which offers to
+    load the file with code execution on)."""
+    text = str(e)
+    inner = text.split("\n\n", 1)[1] if "\n\n" in text else text.removeprefix("Weights only load failed.")
+    return f"{type(e).__name__}: {_first_line(inner) or 'not a pickle of tensors and plain values'}"
+
+
+def _first_line(e: object) -> str:
     return (str(e).strip().splitlines() or [""])[0][:200]
 
 

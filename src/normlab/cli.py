@@ -7,6 +7,9 @@ import importlib
 
 def _run(command: str) -> None:
     from normlab.commands.common import main_guard
+    from normlab.errors import invoked_as
+
+    invoked_as("normlab-" + command.replace("_", "-"))
 
     raise SystemExit(main_guard(importlib.import_module(f"normlab.commands.{command}").main))
 
@@ -47,3 +50,7 @@ def preprocess() -> None:
 
 def study() -> None:
     _run("study")
+
+
+def runs() -> None:
+    _run("runs")

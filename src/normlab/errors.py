@@ -23,14 +23,23 @@ class UserError(Exception):
         super().__init__(msg)
 
 
+_console_script: str | None = None  # the normlab-<command> script running this process (normlab.cli)
+
+
+def invoked_as(script: str) -> None:
+    """normlab.cli: this process is the console script `script`, so a usage line names it, not
+    `python -m normlab.commands.<command>` (passed in, rather than read from sys.argv deep inside)."""
+    global _console_script
+    _console_script = script
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse that reports a bad flag like every other user error: one line, exit status 2; its
     usage line names the command as it was called (normlab-translate, or python -m ...)."""
 
     def __init__(self, *args, prog: str | None = None, **kwargs):
-        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-        if prog and prog.startswith("python -m normlab.commands.") and script.startswith("normlab-"):
-            prog = script
+        if prog and prog.startswith("python -m normlab.commands.") and _console_script:
+            prog = _console_script
         super().__init__(*args, prog=prog, **kwargs)
 
     def error(self, message: str):

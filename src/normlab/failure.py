@@ -17,6 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normlab.json_file import json_object
+
 log = logging.getLogger("normlab")
 
 
@@ -34,18 +36,18 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
 
     _merge_start_model(cfg)  # named as train.run names it, also when it failed before merging
     run_dir = run_dir_of(cfg)
+    # Why nothing is written, in a sweep's log; a single run's error line is all its user needs
+    # (a second `error:` line about the folder would read as a second error)
+    note = log.error if is_multirun_job() else log.debug
     if _belongs_to_another_run(Path(run_dir), cfg):
-        log.error("%s holds another run: its results.json is left as it is", run_dir)
+        note("%s holds another run: its results.json is left as it is", run_dir)
     elif held_elsewhere(Path(run_dir)):  # the same run training in another process (a bad rerun beside it)
-        log.error("%s is in use by another process: nothing written there", run_dir)
+        note("%s is in use by another process: nothing written there", run_dir)
     elif _status(Path(run_dir)) in FINISHED:  # a finished run stays finished (a typo in its rerun)
-        log.error("%s holds a finished run: its results.json is left as it is", run_dir)
+        note("%s holds a finished run: its results.json is left as it is", run_dir)
     elif int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one writer under DDP
         path = Path(run_dir) / "results.json"
-        try:
-            old = json.loads(path.read_text()) if path.is_file() else {}  # run() may have written steps etc.
-        except (OSError, ValueError):
-            old = {}
+        old = json_object(path)[0] or {}  # run() may have written steps etc. (damaged: replaced)
         tb = traceback.format_exception(type(err), err, err.__traceback__)
         results = {**old, "status": "failed", "error": f"{type(err).__name__}: {err}",
                    "traceback": "".join(tb[-12:]), "run_dir": str(run_dir), "choices": hydra_choices(),
@@ -71,10 +73,7 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
 
 
 def _status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "results.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return (json_object(run_dir / "results.json")[0] or {}).get("status")
 
 
 def _merge_start_model(cfg: DictConfig) -> None:

@@ -2,7 +2,10 @@
 
 - valid_{loss,nll,ppl,bleu,chrf}: the scored checkpoint (the best by validation BLEU, else the final
   weights) re-validated; not logged again (valid/bleu is logged once per validation during
-  training; the W&B summary of valid/* is set to these values, loggers.finish_loggers);
+  training; the W&B summary of valid/* is set to these values, loggers.finish_loggers). When the
+  best checkpoint was saved by the last validation of this process, that validation scored the same
+  weights with the same batches and decoder: its scores are taken, not computed again (a 31 s pass
+  of a CPU study run), and train.log says so;
 - test_{loss,nll,ppl,bleu,chrf} (logged as test/bleu, ...): eval.test_decoder (beam 4) on that checkpoint;
 - test_{bleu,chrf}_greedy: the validation decoder (greedy) on the test set, when the test decoder differs;
 - test_{loss,nll,ppl,bleu,chrf}_avg: the average of the last `callbacks.step_checkpoints.keep_last_n`
@@ -31,7 +34,7 @@ from normlab.checkpoint import CheckpointError, atomic_write_bytes
 from normlab.lit_module import rank_zero_info, score_line
 from normlab.outcome import SCORED, Status
 from normlab.run_spec import FinalPasses
-from normlab.scoring import load_weights, log_metrics, score_split, signals_interrupt
+from normlab.scoring import load_weights, log_metrics, score_split
 
 log = logging.getLogger("normlab")
 METRICS = ("loss", "nll", "ppl", "bleu", "chrf")
@@ -78,16 +81,22 @@ def final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status
     `status` is what training ended as (normlab/outcome.py); a diverged or preempted run is not scored."""
     if trainer.interrupted or status not in SCORED:
         return {}  # a stopped (max_time) run is scored when the rerun completes it (outcome.SCORED)
-    with signals_interrupt(trainer):  # SIGTERM / SIGUSR1: the run ends `interrupted`; the rerun scores it
-        return _final_scores(passes, trainer, module, dm, run_dir, status)
-
-
-def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, status: Status) -> dict[str, Any]:
+    # (train.run calls this under scoring.signals_interrupt: SIGTERM / SIGUSR1 ends the passes, the
+    # run is `interrupted`, the rerun scores it)
     ck = trainer.checkpoint_callback
     ckpt = ck.best_model_path if ck is not None and ck.best_model_path else None  # a path: "best" is ambiguous
     out: dict[str, Any] = {"checkpoint": ckpt or "final weights"}
     stalled = status is Status.STALLED  # at the floor: its BLEU is 0, its decodes minutes (above)
-    evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False, loss_only=stalled)
+    last = validated_scores(trainer, module, ckpt, stalled)
+    if last is not None:
+        out.update({f"valid_{k}": last["result"].get(k) for k in METRICS})
+        if "partial" in last["result"]:
+            out.setdefault("partial", {})["valid"] = last["result"]["partial"]
+        logged = {f"valid/{k}": v for k, v in last["metrics"].items()}
+        rank_zero_info(score_line(f"final valid ({Path(ckpt).name})", logged, last["result"])
+                       + f"  (the step {last['step']} validation's scores: the same weights, not computed again)")
+    else:
+        evaluation_pass(out, trainer, module, dm, "valid", ckpt, log_scores=False, loss_only=stalled)
     if not passes.test:
         return out
     t = evaluation_pass(out, trainer, module, dm, "test", ckpt, loss_only=stalled)
@@ -99,6 +108,18 @@ def _final_scores(passes: FinalPasses, trainer, module, dm, run_dir: Path, statu
         return out
     merge_scores(out, extra_test_scores(passes, trainer, module, dm, ckpt, run_dir))  # greedy, averaged
     return out
+
+
+def validated_scores(trainer, module, ckpt: str | None, stalled: bool) -> dict | None:
+    """The last validation's scores (Seq2SeqModule.last_validation) when the final valid pass would
+    repeat it: the best checkpoint was saved by that validation in this process (BestCheckpoint.
+    best_saved_at), its BLEU was over every sentence (no eval.valid_subset) and it decoded as the pass
+    would (a stalled run's pass scores the loss only). Else None: the pass runs."""
+    last, saved = module.last_validation, getattr(trainer.checkpoint_callback, "best_saved_at", None)
+    if ckpt is None or last is None or saved != (ckpt, last["step"]) or "subset" in last["result"]:
+        return None
+    decodes = not stalled and module.decoder("valid") is not None
+    return last if ("bleu" in last["metrics"]) == decodes else None
 
 
 def extra_test_scores(passes: FinalPasses, trainer, module, dm, ckpt: str | None, run_dir: Path) -> dict[str, Any]:

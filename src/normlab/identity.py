@@ -10,7 +10,8 @@ computed here from resolved values:
 - run_name(cfg): a readable part built from labels (norm, init, regularizer, depths, seed), or the
   `name` you give, plus 8 hex digits of the identity's hash, so two different configs never share a
   name (and so never a folder).
-- labels(cfg): the report's row values and the W&B tags for norm / init / regularizer / arm.
+- labels(cfg): the report's row values and the W&B tags for norm / init / regularizer / arm, and
+  what the run is part of (the config's `labels`: a study's name, arm and budget; a debug mode).
 - study_id(): a sweep's folder and W&B group, `<study>-<hash of the sweep's definition>`.
 
 Pure functions of the resolved values: nothing here reads a file. The Hydra resolvers that name a
@@ -34,6 +35,7 @@ from normlab.model.scheme_labels import NAMED_WITH_NORM  # torch-free: the label
 # evaluation), so a key added later is identity unless it is listed here.
 NOT_IDENTITY = (
     "name", "group", "tags", "project", "run_dir", "retrain",  # labels and the folder itself
+    "labels",  # what a run is part of (a study and its arm, a debug mode): the same run in two studies is one run
     "logger", "loggers",  # where metrics go
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
     "trainer.accelerator", "trainer.strategy",  # where the same computation runs
@@ -74,8 +76,10 @@ def plain(cfg: Any) -> dict:
     checkpoint's model settings in first (run_folder.start_model; train.run, normlab.resolvers)."""
     if not OmegaConf.is_config(cfg):
         return dict(cfg)
-    return {k: OmegaConf.to_container(cfg._get_node(k), resolve=True) if OmegaConf.is_config(cfg._get_node(k))
-            else cfg[k] for k in cfg if k != "hydra"}
+    # cfg[k] of a dict or list is its node, unresolved (to_container resolves it against the whole
+    # config); of a value, the value resolved
+    return {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for k, v in ((k, cfg[k]) for k in cfg if k != "hydra")}
 
 
 def set_key(tree: dict, dotted: str, value: Any) -> None:
@@ -206,9 +210,17 @@ def attention_label(model: Any) -> str:
     return "+".join(parts) or "none"
 
 
+RUN_LABELS = ("study", "arm", "budget", "debug")  # the config's `labels` a run carries (normlab-study, debug=)
+
+
 def labels(cfg: Any) -> dict[str, str]:
-    """Row values for the report and W&B tags, from resolved values."""
+    """Row values for the report and W&B tags, from resolved values; with the config's `labels` that
+    are set (study, arm, budget, debug). A study's arm is the run's arm (its three learning-rate arms
+    of one scheme are three rows, not one), and the arm the resolved values name is kept as `scheme`."""
     c = plain(cfg)
+    # only these: `labels` is not identity, so a label the run name is built from (norm, data, ...)
+    # must come from the resolved values, never from +labels.norm=... (a new name, the same hash)
+    given = {k: str(v) for k, v in (c.get("labels") or {}).items() if v is not None and k in RUN_LABELS}
     norm, init = norm_label(c.get("norm") or {}), init_label(c.get("init"))
     agg = aggregation_label(c.get("model") or {})
     # An arm is a norm + init (+ aggregation) combination; post-LN with Admin's init is what Liu et
@@ -220,13 +232,30 @@ def labels(cfg: Any) -> dict[str, str]:
     if attention != "none":  # conf/arm/pre_qk_norm, pre_value_residual, hyper: pre_ln+qk_l2, pre_ln+hyper4
         arm = f"{arm}+{attention}"
     schedule = ((c.get("callbacks") or {}).get("drophead_schedule") or {}).get("schedule")
-    return {"norm": norm, "init": init, "aggregation": agg, "attention": attention,
-            "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm,
-            "data": data_label(c.get("data"))}
+    out = {"norm": norm, "init": init, "aggregation": agg, "attention": attention,
+           "regularizer": regularizer_label(c.get("regularizer"), schedule), "arm": arm, "data": data_label(c.get("data"))}
+    if "arm" in given:
+        out["scheme"] = arm
+    return out | given
+
+
+def study_group(study: str, budget: str | None = None) -> str:
+    """A study's W&B group: `study-<name>`, and `study-<name>-<budget>` for another budget than the full
+    one, so a smoke test's runs never land in the real study's group (records name their study's
+    runs by the full budget's group: study/runner.shared_index)."""
+    return f"study-{study}" + (f"-{budget}" if budget not in (None, "full") else "")
+
+
+def debug_mode(cfg: Any) -> str | None:
+    """The debug option a run was started with (conf/debug sets labels.debug), else None."""
+    return (plain(cfg).get("labels") or {}).get("debug")
 
 
 def run_name(cfg: Any) -> str:
-    """`<name or labels>-<identity hash>`: readable, and never shared by two different configs."""
+    """`<name or labels>-<identity hash>`: readable, and never shared by two different configs. A
+    debug run's starts with `debug-<mode>-`: it has no checkpoint and is never continued, so a glob
+    for the run it debugs (the README's `RUN=$(ls -d outputs/bible_de_en-pre_ln-...-s1-* | head -1)`)
+    must not find it."""
     c = plain(cfg)
     given = c.get("name")
     if given:
@@ -236,6 +265,8 @@ def run_name(cfg: Any) -> str:
         agg = "".join(f"-{lab[k]}" for k in ("aggregation", "attention") if lab[k] != "none")
         readable = (f"{lab['data']}-{lab['norm']}-{lab['init']}{agg}-{lab['regularizer']}-"
                     f"e{m.get('encoder_layers')}d{m.get('decoder_layers')}-s{c.get('seed')}")
+    debug = debug_mode(c)
+    readable = f"debug-{debug}-{readable}" if debug else readable
     return f"{_safe(readable)}-{identity_hash(c)}"
 
 
@@ -259,8 +290,8 @@ def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
         out.append(f"data_config:{choices['data']}")
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
-        if "/" in key or key in choices or key.startswith("hydra") or any(h in key for h in PATH_HINTS):
-            continue  # a group choice (its labels are above), Hydra's own settings, or a path
+        if "/" in key or key in choices or key.startswith(("hydra", "labels.")) or any(h in key for h in PATH_HINTS):
+            continue  # a group choice or a label (tagged above), Hydra's own settings, or a path
         value = OmegaConf.select(cfg, key, default=None) if OmegaConf.is_config(cfg) else None
         out.append(f"{key}:{value}")
     out += [str(t) for t in c.get("tags") or []]

@@ -81,6 +81,10 @@ class Seq2SeqModule(L.LightningModule):
         # loss only, as a model at its input-independent floor decodes to the length cap for a BLEU
         # of 0 (issue 21); the best checkpoint ranks such a validation last (callbacks/checkpoints.py)
         self.decode_valid = True
+        # the scores of the latest validation in this process, without its hypotheses: the final valid
+        # pass reuses them when it would score the same weights (final_test.py)
+        self.last_validation: dict | None = None
+        self._valid_t0 = 0.0
         self.reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
@@ -116,8 +120,15 @@ class Seq2SeqModule(L.LightningModule):
             norm = t.clamp(min=1.0) / dist.get_world_size()
         return loss / norm
 
+    def _attached_trainer(self):
+        """The Trainer this module is attached to, or None (Lightning's public `trainer` raises then)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def _accumulation(self) -> int:
-        trainer = self._trainer
+        trainer = self._attached_trainer()
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -187,7 +198,7 @@ class Seq2SeqModule(L.LightningModule):
             return {"foreach": True}
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
-        precision = str(getattr(self._trainer, "precision", ""))
+        precision = str(getattr(self._attached_trainer(), "precision", ""))
         clipping = float(self.optim_cfg.get("clip_norm") or 0.0) > 0
         return {} if precision.startswith("16") and clipping else {"fused": True}
 
@@ -233,6 +244,9 @@ class Seq2SeqModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self.reset_eval()
+        if not self.trainer.sanity_checking:  # a validation can take minutes: say when it starts, and its time at the end
+            self._valid_t0 = time.monotonic()
+            rank_zero_info(f"step {self.global_step} valid: started ({sum(self.trainer.num_val_batches)} batches)")
         size = self.eval_cfg.get("valid_subset")
         if size is not None and self.decoder("valid") is not None:
             self._bleu_rows = subset_rows(len(self.trainer.datamodule.references("valid")), size)
@@ -298,7 +312,12 @@ class Seq2SeqModule(L.LightningModule):
         logged = {f"valid/{k}": v for k, v in metrics.items()}
         # Already reduced over ranks above; sync_dist only silences Lightning (values are equal).
         self.log_dict(logged, sync_dist=_dist(), prog_bar=True)
-        rank_zero_info(score_line(f"step {self.global_step} valid", logged, result))  # a line per validation
+        line = score_line(f"step {self.global_step} valid", logged, result)  # a line per validation
+        if not self.trainer.sanity_checking:
+            self.last_validation = {"step": self.global_step, "metrics": dict(metrics),
+                                    "result": {k: v for k, v in result.items() if k != "hypotheses"}}
+            line += f"  ({time.monotonic() - self._valid_t0:.0f} s)"
+        rank_zero_info(line)
 
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -7,11 +7,13 @@ Each logger writes under the run folder (save_dir). W&B also gets the run's name
 config, and never blocks or fails for lack of network: the default mode is offline (runs are
 written under the run folder and can be synced later); WANDB_MODE in the environment wins over the
 config, as wandb itself documents. `run_id` (or logger.wandb.id) makes a rerun continue the same
-W&B run.
+W&B run. An offline run ends with a line saying where its files are and the `wandb sync` command
+that uploads them.
 """
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 from normlab.outcome import REASON_KEYS, Status
 from normlab.private_api import drop_wandb_init_key
 from normlab.signals import deferred
+
+log = logging.getLogger("normlab")
 
 
 def _is_wandb(logger_or_cls) -> bool:
@@ -86,6 +90,17 @@ def wandb_summary(results: dict) -> dict:
     return {k.replace("_", "/", 1) if k.split("_", 1)[0] in SERIES_PREFIXES else k: v for k, v in results.items()}
 
 
+def offline_note(run) -> str | None:
+    """`W&B offline run: <dir>; upload it with `wandb sync <dir>``, for an offline run (None otherwise).
+    A continued run has a folder per leg under one id: all of them, with --id, go into the one run."""
+    if not run.offline:
+        return None
+    here = Path(run.sync_dir)
+    legs = sorted(here.parent.glob(f"offline-run-*-{run.id}"))
+    sync = f"wandb sync --id {run.id} {here.parent}/offline-run-*-{run.id}" if len(legs) > 1 else f"wandb sync {here}"
+    return f"W&B offline run: {here}; upload it with `{sync}`"
+
+
 def finish_loggers(loggers: list, results: dict | None = None) -> None:
     """Copy results.json's scores into the W&B run summary (so the dashboard and `report --wandb`
     see diverged / failed runs too), then close each run, so each multirun job is its own run."""
@@ -107,7 +122,10 @@ def _finish(loggers: list, results: dict | None) -> None:
                             del wandb.run.summary[key]
                         except KeyError:
                             pass
+                where = offline_note(wandb.run)
                 # W&B's run state says what results.json says: a crash is "failed" in both
                 wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
+                if where:
+                    log.info(where)
         else:
             logger.finalize("success" if (results or {}).get("status") == Status.COMPLETED else "failed")

@@ -7,6 +7,8 @@ tested in tests/test_loggers.py.)
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any
 
 # imported once here, not in global_module_hooks: every residual block's dropout asks it per forward
@@ -48,6 +50,46 @@ def drop_wandb_init_key(logger, key: str) -> None:
 def global_module_hooks() -> bool:
     """torch: forward hooks registered for every module (a profiler measuring each module's output)."""
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+
+
+def tensor_version(t) -> int:
+    """torch: a tensor's version counter, which every in-place change bumps (attention's key-mask
+    memo is stale once its source tensor changed; torch has no public accessor)."""
+    return t._version
+
+
+def reset_hydra() -> None:
+    """Hydra: forget the process's global Hydra state (its config search path and loaded config),
+    so the compose API can initialise again in the same process (a study composes one config per
+    run). Hydra's docs use this for notebooks; it lives in hydra.core, not hydra's public API."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+
+
+@contextlib.contextmanager
+def hydra_app_argv(argv: list[str]):
+    """Hydra: a `@hydra.main` app reads its overrides from sys.argv only (its argv-taking runner is
+    private), so commands.train.main(argv) runs it with sys.argv = [script, *argv]; afterwards the
+    process's argv is back and Hydra's global HydraConfig is empty, so an in-process caller (tests,
+    a study) does not see this run's Hydra config."""
+    from hydra.core.hydra_config import HydraConfig
+
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "train.py", *argv]
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = None
+        sys.argv = saved
+
+
+def hydra_job_config():
+    """Hydra: the job's whole Hydra config as `{hydra: ...}`, the node Hydra's run_job saves as
+    .hydra/hydra.yaml (HydraConfig.get() gives only its `hydra` child, unwrapped)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.instance().cfg
 
 
 # Lightning's private methods normlab's subclasses override, by class: tests/test_private_api.py

@@ -38,8 +38,8 @@ def _folder_names(root: DictConfig) -> tuple[str, str | None]:
 
 def _folder_name(root: DictConfig, parent) -> str:
     name, legacy = _folder_names(root)
-    if parent is None:
-        return name
+    if parent is None or identity.debug_mode(root):
+        return name  # a debug run is never continued: not into a folder an earlier release named for it
     found = _existing_name(parent, name)
     if found == name and legacy and legacy != name and not (Path(parent) / name).exists() \
             and _holds(Path(parent) / legacy, name.rsplit("-", 1)[1]):
@@ -49,12 +49,9 @@ def _folder_name(root: DictConfig, parent) -> str:
 
 def _holds(folder: Path, identity_hash: str) -> bool:
     """Whether `folder`'s run.json records this identity (train.run wrote it with the run's hash)."""
-    import json
+    from normlab.json_file import json_object
 
-    try:
-        return json.loads((folder / "run.json").read_text()).get("identity_hash") == identity_hash
-    except (OSError, ValueError):
-        return False
+    return (json_object(folder / "run.json")[0] or {}).get("identity_hash") == identity_hash  # damaged: not it
 
 
 # run_folder (the folders, the checkpoint) imports torch: only when Hydra resolves a run's folder,

@@ -54,6 +54,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     check(not missing, missing[0] if missing else "",
           f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
           + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
+    _refuse_study(cfg)
     check_number("seed", cfg.seed, "an integer in [0, 2**32 - 1]", lambda v: 0 <= v <= 2**32 - 1, integer=True)
     check_bool("retrain", cfg.get("retrain", False))  # `retrain=no` must not read as true
     if cfg.data.get("num_workers") is not None:
@@ -104,6 +105,18 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     return model_cfg
 
 
+def _refuse_study(cfg: Any) -> None:
+    """conf/study/ holds studies, which normlab-study runs: `+study=NAME` would add the study's
+    definition to one run's config, run nothing of the study and rename the run (a new key)."""
+    if cfg.get("study") is None:
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    name = HydraConfig.get().runtime.choices.get("study") if HydraConfig.initialized() else None
+    check(False, f"study={name or '...'}", "a study is run with normlab-study, not as a key of one run "
+          f"(normlab-study {name or 'NAME'}; normlab-study --list names them)")
+
+
 def _missing_keys(node: Any, prefix: str = "") -> list[str]:
     """The ??? keys, in the order the config lists them (Hydra's own node, set at run time, aside)."""
     from omegaconf import DictConfig, OmegaConf
@@ -115,7 +128,7 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
         full = f"{prefix}{key}"
         if OmegaConf.is_missing(node, key):
             out.append(full)
-        elif isinstance(node._get_node(key), DictConfig):
+        elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):  # a node, unresolved
             out += _missing_keys(node[key], f"{full}.")
     return out
 

@@ -20,7 +20,6 @@ import os
 import socket
 from contextlib import contextmanager
 import hashlib
-import json
 import logging
 import shutil
 import time
@@ -33,6 +32,7 @@ from omegaconf import DictConfig
 from normlab import identity
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
+from normlab.json_file import json_object
 from normlab.outcome import FINISHED  # results: not trained again
 
 log = logging.getLogger("normlab")
@@ -121,11 +121,8 @@ def existing_name(parent: str | Path, name: str) -> str:
         return name
     digest = name.rsplit("-", 1)[-1]
     for cand in sorted(parent.glob(f"*-{digest}")):
-        try:
-            if json.loads((cand / "run.json").read_text()).get("identity_hash") == digest:
-                return cand.name
-        except (OSError, ValueError):
-            continue
+        if (json_object(cand / RUN_FILE)[0] or {}).get("identity_hash") == digest:  # damaged: not this run's
+            return cand.name
     return name
 
 
@@ -137,7 +134,8 @@ def run_dir_of(cfg: DictConfig) -> Path:
         return Path(HydraConfig.get().runtime.output_dir)
     if cfg.get("run_dir"):
         return Path(cfg.run_dir)
-    return Path("outputs") / existing_name("outputs", identity.run_name(cfg))
+    name = identity.run_name(cfg)
+    return Path("outputs") / (name if identity.debug_mode(cfg) else existing_name("outputs", name))
 
 
 def start_model(cfg: Any) -> dict[str, Any]:
@@ -155,10 +153,13 @@ def start_model(cfg: Any) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
+    """run.json or results.json as a dict; {} when it is absent, or damaged (cut off, not JSON, or JSON
+    that is not an object, e.g. a list): then named in one warning line and treated as missing, so
+    the run trains (or continues) and writes the file anew."""
+    value, problem = json_object(path)
+    if problem is not None:
+        log.warning("%s: %s: treated as missing (the run writes it anew)", path, problem)
+    return value or {}
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -258,18 +259,30 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+_HELD: set[str] = set()  # the folders this process holds (locked() inside locked(): already held)
+
+
+def rank_zero() -> bool:
+    """Before a trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
+
+
 @contextmanager
 def locked(run_dir: Path, rank_zero: bool = True):
     """Hold the run folder for this process: a second copy of the same command (same identity, so
     the same folder) stops with one line naming the holder instead of training into the same files.
     An OS lock (flock): a killed holder's lock is released by the kernel and taken over by the next
-    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder."""
-    if not rank_zero:
+    run; the file is removed when the holder is done. Ranks other than 0 share rank 0's folder.
+    Taken by the training command before anything is written into the folder (commands/train.py),
+    and again by train.run for callers without it: the inner one holds nothing more."""
+    key = os.path.abspath(run_dir)
+    if not rank_zero or key in _HELD:
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0o666 under the umask: a lock file left by a killed holder is opened by a colleague's rerun
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     for wait in (0.02, 0.05, 0.1, 0.2, None):  # a probe's brief shared lock (held_elsewhere) is not a holder
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +294,7 @@ def locked(run_dir: Path, rank_zero: bool = True):
             break
         # the holder ended meanwhile and removed the file this fd locks: lock the folder's file anew
         os.close(fd)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     else:
         holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
         os.close(fd)
@@ -290,9 +303,11 @@ def locked(run_dir: Path, rank_zero: bool = True):
     os.ftruncate(fd, 0)
     os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
              .encode())
+    _HELD.add(key)
     try:
         yield
     finally:
+        _HELD.discard(key)
         try:
             os.unlink(path)  # while still held: no other process can take a lock on a file about to vanish
         except OSError:

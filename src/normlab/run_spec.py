@@ -43,7 +43,7 @@ class FinalPasses:
 class RunSpec:
     run_dir: Path
     name: str                  # W&B name = the folder's name part
-    group: str                 # W&B group: the sweep's folder, the experiment, or "default"
+    group: str                 # W&B group: a study's (study-<name>), the sweep's folder, the experiment, or "default"
     tags: tuple[str, ...]
     labels: dict[str, str]     # the report's row values (identity.labels)
     choices: dict[str, Any]    # the Hydra choices as typed
@@ -86,15 +86,17 @@ def resolve(cfg: DictConfig) -> RunSpec:
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
     tokens = (cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
     budget = trainer_overrides(*tokens)
+    model = model_config_from_hydra(cfg)
     return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
                    tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
                    choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
                    start=identity.start_checkpoint(cfg), finetune=bool(cfg.get("finetune")),
                    resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")),
-                   seed=int(cfg.seed), project=str(cfg.project), model=model_config_from_hydra(cfg),
+                   seed=int(cfg.seed), project=str(cfg.project), model=model,
                    optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
-                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget, budget_notes=budget_notes(*tokens),
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget,
+                   budget_notes=budget_notes(*tokens, model.max_positions),
                    config=identity.plain(cfg),
                    data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"), loggers=cfg.get("logger"))
 
@@ -111,7 +113,8 @@ def apply_start_model(cfg: DictConfig) -> None:
 def _group(cfg: DictConfig) -> str:
     from hydra.core.hydra_config import HydraConfig
 
-    group = cfg.get("group")
+    study = OmegaConf.select(cfg, "labels.study", default=None)  # a study's run (normlab-study): its group
+    group = cfg.get("group") or (identity.study_group(study, OmegaConf.select(cfg, "labels.budget")) if study else None)
     if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
         hc = HydraConfig.get()
         group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")

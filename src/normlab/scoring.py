@@ -16,15 +16,18 @@ It does what trainer.validate / trainer.test(ckpt_path=...) did, where it bears 
 - logging: every logger at the step training ended on, with the epoch, as Lightning logs an
   evaluation's metrics outside fit (its value now the exact float results.json has, not float32);
 - SIGTERM (a study stopping, a cluster preempting) or SIGUSR1 (SLURM's time-limit warning) ends
-  the passes (signals_interrupt): the signal goes on to the processes the strategy launched (DDP
-  ranks) and signals.Signalled (a SystemExit, 128 + signal) leaves the passes; train.run records
-  the run `interrupted` in results.json, then hands the signal over as preemption does
+  the passes (signals_interrupt, which train.run holds from the end of fit on): the signal goes on
+  to the processes the strategy launched (DDP ranks) and signals.Signalled (a SystemExit, 128 +
+  signal) leaves the passes; train.run records the run `interrupted` in results.json, then hands
+  the signal over as preemption does
   (signals.hand_over: the handler installed before, e.g. submitit's, else on SLURM a requeue for
   SIGUSR1) and exits 128 + signal; the same command scores the run (under trainer.test,
   Lightning's signal handler stopped its loop at the next batch);
 - progress: Lightning's loops showed a bar; here, a line in the run's log (rank 0) after a batch
   that completes another tenth of the pass or ends 30 s or more after the previous line
-  (PassProgress), e.g. `final test (best-step2000.ckpt): batch 12/40, 45 s`.
+  (PassProgress), e.g. `final test (best-step2000.ckpt): batch 12/40, 45 s`, for a pass expected to
+  take 30 s or more: a shorter one shows its score line alone (the progress lines were 24 of a short
+  run's 46 lines).
 Callbacks are not called: a pass changes no callback's state (the run's counters, its best
 checkpoint's bookkeeping stay the run's, not the loaded checkpoint's).
 """
@@ -44,7 +47,8 @@ from normlab.config import ConfigError
 from normlab.signals import SIGNALS, Signalled
 
 log = logging.getLogger("normlab")
-PROGRESS_SECONDS = 30.0  # a progress line at least this often (at a batch's end), besides every tenth
+PROGRESS_SECONDS = 30.0  # a progress line at least this often (at a batch's end), besides every tenth; and
+# the shortest pass that has any: one expected to end sooner needs no sign that it is moving
 
 
 def clock() -> float:
@@ -91,7 +95,10 @@ def evaluating(trainer, module, split: str) -> Iterator[None]:
 class PassProgress:
     """`<label>: batch i/n, s s` in the run's log after batch i of a pass's n when it completes
     another tenth of the pass (so batch n ends each pass) or ends PROGRESS_SECONDS or more after the
-    previous line; s: seconds since the pass began. Rank 0 only; it reads the clock, nothing else."""
+    previous line; s: seconds since the pass began. Only once the pass is expected to take
+    PROGRESS_SECONDS or more (its time per batch so far times n, known from the first batch on);
+    a tenth passed before that is shown by the first line after it. Rank 0 only; it reads the clock,
+    nothing else."""
 
     def __init__(self, label: str, total: int, enabled: bool = True):
         self.label, self.total, self.enabled = label, total, enabled
@@ -102,6 +109,9 @@ class PassProgress:
         if not self.enabled:
             return
         now, tenth = clock(), done * 10 // self.total
+        expected = (now - self.start) / done * self.total
+        if expected < PROGRESS_SECONDS:
+            return
         if tenth > self.last_tenth or now - self.last_time >= PROGRESS_SECONDS:
             log.info("%s: batch %d/%d, %d s", self.label, done, self.total, now - self.start)
             self.last_tenth, self.last_time = tenth, now

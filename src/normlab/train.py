@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
-from normlab.callbacks.full_checkpoint import FullStateCheckpoint, StopAfterCheckpoint
+from normlab.callbacks.full_checkpoint import NO_CONTINUATION, FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
 from normlab.callbacks.plateau import PlateauStop
 from normlab.callbacks.stall import StallGuard
@@ -35,8 +35,10 @@ from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
-from normlab.run_folder import csv_histories, locked, prepare, readable, restore_csv_histories, start_checkpoint_path
+from normlab.run_folder import (csv_histories, locked, prepare, rank_zero, readable, restore_csv_histories,
+                                start_checkpoint_path)
 from normlab.run_spec import RunSpec, resolve
+from normlab.scoring import signals_interrupt
 from normlab.signals import Signalled, hand_over
 
 log = logging.getLogger("normlab")
@@ -54,11 +56,6 @@ def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: boo
     return callbacks
 
 
-def _rank_zero() -> bool:
-    """Before the trainer exists: rank from the launcher's environment (DDP children, SLURM, torchrun)."""
-    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
-
-
 def load_finetune_weights(model, ckpt: dict, path) -> None:
     """The checkpoint's weights; LayerDrop's draw counter starts afresh with the other counters
     (and a LayerDrop rate set to 0 for fine-tuning has none)."""
@@ -73,7 +70,6 @@ def load_finetune_weights(model, ckpt: dict, path) -> None:
     if missing or unexpected:
         raise ConfigError(f"finetune={path}: the weights do not fit the model (missing: {missing[:3]}, "
                           f"unexpected: {unexpected[:3]})")
-    log.info("fine-tuning from the weights of %s", path)
 
 
 def check_weights_fit(module, ckpt: dict, path) -> None:
@@ -96,6 +92,20 @@ def check_weights_fit(module, ckpt: dict, path) -> None:
         first = _first_difference(module.state_dict(), theirs) or str(e).splitlines()[-1].strip()
         raise ConfigError(f"resume={path}", f"the checkpoint's weights do not fit the model the command line builds "
                           f"(first difference: {first}); drop the model overrides, or use finetune=") from None
+
+
+def _start_module(spec: RunSpec, tok, cont, start_state: dict | None, start_ckpt) -> Seq2SeqModule:
+    """The module for the tokenizer's vocabulary, with the start checkpoint's weights (finetune=) or
+    checked against them (resume=: Lightning loads them in fit); a folder's own checkpoint: as it is."""
+    model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
+                                    eos_id=tok.eos_id)  # the vocabulary the data is encoded with
+    module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
+                           compile=spec.compile)
+    if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
+        load_finetune_weights(module.model, start_state, start_ckpt)
+    elif spec.resume and cont.checkpoint is None:
+        check_weights_fit(module, start_state, start_ckpt)
+    return module
 
 
 def _first_difference(own: dict, theirs: dict) -> str | None:
@@ -168,27 +178,27 @@ def run(cfg: Any) -> dict[str, Any]:
     """Train and score the run the composed config `cfg` describes (resolved here, once, into a
     RunSpec); its folder is held by this process throughout (run_folder.locked)."""
     spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
-    with locked(spec.run_dir, _rank_zero()):
+    with locked(spec.run_dir, rank_zero()):
         return _run(spec)
 
 
 def _run(spec: RunSpec) -> dict[str, Any]:
     t0, cpu0 = time.time(), cpu_seconds()
-    code = code_version() if _rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
+    code = code_version() if rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
     callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
-    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, _rank_zero())
+    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, rank_zero())
     if cont.finished is not None:
         r = cont.finished
         print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
               "not training again (retrain=true trains it again)")
         return r
     run_dir.mkdir(parents=True, exist_ok=True)
-    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
-        log.log(level, line)
     L.seed_everything(spec.seed, workers=True)
-
+    # Every check comes before the run's first log line, so that a refusal is the one line it says
+    # (errors.py): the start checkpoint, then its weights against the model (before the data where
+    # the checkpoint holds its tokenizer), then the corpus, and only then what the run will do.
     start = spec.start
     start_ckpt = start_checkpoint_path(str(start), resume=not spec.finetune) if start else None
     start_state = readable(start_ckpt) if start_ckpt else None
@@ -199,29 +209,31 @@ def _run(spec: RunSpec) -> dict[str, Any]:
         raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
                                              f"{spec.max_steps} leaves nothing to train (set it above {done}, "
                                              "or use finetune= to start the step count afresh)")
-    tok_kwargs = {}
+    tok, module = None, None
     if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
 
-        tok_kwargs["tokenizer"] = Tokenizer.from_proto(start_state["tokenizer_proto"])
-    dm = hydra.utils.instantiate(spec.data, **tok_kwargs)
+        tok = Tokenizer.from_proto(start_state["tokenizer_proto"])
+        module = _start_module(spec, tok, cont, start_state, start_ckpt)  # no data read yet: the global RNG
+        # is where it was (the data module draws from seeded generators of its own), so the weights are the same
+    dm = hydra.utils.instantiate(spec.data, **({"tokenizer": tok} if tok is not None else {}))
     dm.setup("fit")
     tok = dm.tokenizer
+    if module is None:
+        module = _start_module(spec, tok, cont, start_state, start_ckpt)
     tok.save(run_dir / "tokenizer")
-    model_cfg = dataclasses.replace(spec.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
-                                    eos_id=tok.eos_id)  # the data's vocabulary
-    module = Seq2SeqModule(model_cfg.to_dict(), optim=spec.optim, eval=spec.eval, tokenizer_proto=tok.proto,
-                           compile=spec.compile)
-    if spec.finetune and cont.checkpoint is None:  # weights only; optimizer, schedule, step start afresh
-        load_finetune_weights(module.model, start_state, start_ckpt)
-    elif spec.resume and cont.checkpoint is None:
-        check_weights_fit(module, start_state, start_ckpt)
+    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
+        log.log(level, line)
+    if spec.finetune and cont.checkpoint is None:
+        log.info("fine-tuning from the weights of %s", start_ckpt)
+    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
+    if full is not None and not full.every and not spec.choices.get("debug"):  # debug runs restart anyway
+        log.warning(NO_CONTINUATION)
     # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
     ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
     loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
                             config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
-    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
     if full is not None:
         full.started, full.code = t0, code
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
@@ -250,30 +262,35 @@ def _run(spec: RunSpec) -> dict[str, Any]:
             trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
         except StopAfterCheckpoint:  # preempted: the checkpoint is written, the outcome says so
             pass
-        if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
-            stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
-        if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
-            outcome.end(Status.STOPPED, stopped_by="max_time")
-        elif outcome.running:  # no callback ended it: trained every planned step
-            outcome.end(Status.COMPLETED)
-        if outcome.status is Status.STOPPED:
-            by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
-                  else f"callbacks.preemption.stop_at_step={trainer.global_step}")
-            print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
-                  "to continue")
-        results.update(outcome.reasons)
-        if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
-            results.setdefault("input_independent_loss", stall.floor)
-        plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
-        if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
-            results["plateau"] = plateau.summary(trainer)
-        results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
-        # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
-        # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
-        results["status"] = outcome.status.value
-        if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
-            results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
-    except Signalled as signalled:  # SIGTERM / SIGUSR1 stopped the final passes (scoring.signals_interrupt):
+        if preemption is not None:  # a signal recorded after the last step's check ends the run preempted
+            preemption.after_fit(trainer)
+        # One scope from here to results.json: a SIGTERM / SIGUSR1 stops the run at once, `interrupted`
+        # (between fit and the final passes it used to meet the default handler: a kill, no record)
+        with signals_interrupt(trainer):
+            if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
+                stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
+            if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
+                outcome.end(Status.STOPPED, stopped_by="max_time")
+            elif outcome.running:  # no callback ended it: trained every planned step
+                outcome.end(Status.COMPLETED)
+            if outcome.status is Status.STOPPED:
+                by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
+                      else f"callbacks.preemption.stop_at_step={trainer.global_step}")
+                print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
+                      "to continue")
+            results.update(outcome.reasons)
+            if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
+                results.setdefault("input_independent_loss", stall.floor)
+            plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
+            if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
+                results["plateau"] = plateau.summary(trainer)
+            results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
+            # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
+            # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
+            results["status"] = outcome.status.value
+            if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
+                results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
+    except Signalled as signalled:  # SIGTERM / SIGUSR1 after fit stopped the run (scoring.signals_interrupt):
         stop = signalled            # handed over below, once results.json says `interrupted`
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
         results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")

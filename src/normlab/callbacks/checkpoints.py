@@ -42,6 +42,14 @@ class BestCheckpoint(RunCheckpoint):
             monitor, mode = "valid/loss", "min"
         super().__init__(monitor=monitor, mode=mode, filename=filename, auto_insert_metric_name=False, **kwargs)
 
+    best_saved_at: tuple[str, int] | None = None  # (best_model_path, step): the best saved by this process
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        before = self.best_model_path
+        super().on_validation_end(trainer, pl_module)
+        if self.best_model_path and self.best_model_path != before:  # this validation's weights are the best
+            self.best_saved_at = (self.best_model_path, trainer.global_step)
+
     def _monitor_candidates(self, trainer) -> dict:
         candidates = super()._monitor_candidates(trainer)
         decoded = self.monitor in ("valid/bleu", "valid/chrf")

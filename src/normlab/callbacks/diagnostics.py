@@ -26,6 +26,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from normlab.config import check_number
 from normlab.model.norms import Derf, DyT, ScaleNorm
 from normlab.probes import output_change
 
@@ -101,8 +102,8 @@ class RatioHooks:
 
 class Diagnostics(L.Callback):
     def __init__(self, every_n_steps: int = 0, probe_delta: float = 1e-4, probe_seed: int = 0):
-        if every_n_steps < 0:
-            raise ValueError(f"callbacks.diagnostics.every_n_steps={every_n_steps!r} must be >= 0 (0 = off)")
+        check_number("callbacks.diagnostics.every_n_steps", every_n_steps, "an integer >= 0 (0: off)", lambda v: v >= 0,
+                     integer=True)
         self.every, self.delta, self.seed = every_n_steps, probe_delta, probe_seed
         self.probe_batch: dict | None = None
         self.metrics: dict[str, float] = {}

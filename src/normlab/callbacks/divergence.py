@@ -32,7 +32,10 @@ import lightning as L
 import torch
 
 from normlab.callbacks.stall import update_loss
+from normlab.config import check_number
 from normlab.outcome import RunOutcome, Status
+
+KEY = "callbacks.divergence"
 
 
 def _loss_value(loss: Any) -> float | None:
@@ -42,10 +45,10 @@ def _loss_value(loss: Any) -> float | None:
 class DivergenceGuard(L.Callback):
     def __init__(self, factor: float | None = 2.0, patience: int = 20, after_step: int = 0,
                  outcome: RunOutcome | None = None):
-        if factor is not None and factor <= 1:
-            raise ValueError(f"callbacks.divergence.factor={factor!r} must be > 1 (or null to disable)")
-        if patience < 1:
-            raise ValueError(f"callbacks.divergence.patience={patience!r} must be >= 1")
+        check_number(f"{KEY}.factor", factor, "a number > 1, or null to disable the explosion rule", lambda v: v > 1,
+                     null=True)
+        check_number(f"{KEY}.patience", patience, "an integer >= 1", lambda v: v >= 1, integer=True)
+        check_number(f"{KEY}.after_step", after_step, "an integer >= 0", lambda v: v >= 0, integer=True)
         self.factor, self.patience, self.after_step = factor, patience, after_step
         self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self.min_loss = math.inf

@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning as L
 
-from normlab.config import ConfigError
+from normlab.config import check_choice, check_number
 from normlab.regularizers.drophead import set_drophead_p
 from normlab.regularizers.rate_schedules import SCHEDULES, schedule_value
 
@@ -26,8 +26,15 @@ KEY = "callbacks.drophead_schedule"
 class DropHeadSchedule(L.Callback):
     def __init__(self, p: float, schedule: str = "v_shape", warmup: int | None = None,
                  total: int | None = None, p_start: float | None = None):
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"{KEY}.schedule", f"{schedule!r} is not valid", SCHEDULES)
+        check_choice(f"{KEY}.schedule", schedule, SCHEDULES)
+        # rates are probabilities; p is regularizer.drophead's (checked there too, for a node built by hand)
+        check_number(f"{KEY}.p", p, "a probability in [0, 1)", lambda v: 0 <= v < 1)
+        check_number(f"{KEY}.p_start", p_start, "a probability in [0, 1], or null for p", lambda v: 0 <= v <= 1,
+                     null=True)
+        check_number(f"{KEY}.warmup", warmup, "an integer >= 0, or null for optim.warmup", lambda v: v >= 0,
+                     integer=True, null=True)
+        check_number(f"{KEY}.total", total, "an integer > 0, or null for trainer.max_steps", lambda v: v > 0,
+                     integer=True, null=True)
         self.p, self.schedule, self.warmup, self.total, self.p_start = p, schedule, warmup, total, p_start
         self.last_p: float | None = None
 

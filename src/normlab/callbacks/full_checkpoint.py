@@ -40,6 +40,10 @@ from normlab.provenance import code_legs
 
 log = logging.getLogger("normlab")
 PREFIX = "full-step"
+# every_n_steps 0 (the debug presets: a debug run starts again anyway) keeps a run from continuing
+NO_CONTINUATION = ("callbacks.full_checkpoint.every_n_steps=0: no full-state checkpoints, so a run killed before "
+                   "its end trains again from step 0 (a preemption signal still writes one; README, \"Runs that "
+                   "survive\")")
 
 
 class StopAfterCheckpoint(Exception):
@@ -145,7 +149,8 @@ class FullStateCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        if self.every and trainer.global_step != self._last_step and trainer.global_step > 0:
+        # (stop_after_save: a signal after the last step's check, callbacks/preemption.py)
+        if (self.every or self.stop_after_save) and trainer.global_step != self._last_step and trainer.global_step > 0:
             self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:

@@ -14,6 +14,11 @@ same function the final passes use for a signal that stops them):
 The requeued job runs the same command, so it lands in the same run folder and continues there.
 Under DDP the ranks agree every `sync_every_n_steps` steps (one tiny all-reduce) on whether any of
 them was signalled, so they all save and stop at the same step.
+A signal that comes after the last step's check (during the validation or the checkpoint of the
+last step, or between two DDP syncs) ends the run the same way when training ends (on_train_end,
+then `after_fit` for one during Lightning's teardown): `preempted` with a checkpoint of the last
+step and no final passes, which the rerun then runs (issue 37: the final scoring had gone on for
+minutes after a SIGTERM in the last step; a job has seconds before SIGKILL follows).
 
 `trainer.max_time` (a cap on one invocation) takes the same path when train.py hands its deadline
 here: at the first step boundary past it, a full checkpoint, then the run ends with status
@@ -108,7 +113,41 @@ class Preemption(L.Callback):
             self._installed = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        self._uninstall()
+        # A signal that came after the last step's check (during its validation or the last save, or
+        # between two DDP syncs) is recorded and nothing acts on it: it ends the run here, preempted
+        # as at a step boundary, and FullStateCheckpoint, after this, saves the last step (was: the
+        # run was scored in full, minutes after SIGTERM, issue 37). Ours stays installed: Lightning's
+        # teardown, after the train-end hooks, puts back the handlers from before fit.
+        self._installed = False
+        if trainer.world_size > 1:  # every rank calls this once: all of them end alike
+            flag = torch.tensor([float(self.received or 0)], device=pl_module.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.received = int(flag[0].item()) or None
+        if self._late():
+            self._save_and_stop(trainer)
+
+    def after_fit(self, trainer: L.Trainer) -> None:
+        """train.run, once fit has returned: a signal recorded after on_train_end (the last save,
+        Lightning's teardown) also ends the run preempted, not scored; the ranks the strategy
+        launched get it too, or they would wait in the final passes for this one. A SIGTERM that
+        Lightning's own handler took (a fit with nothing left to train never installs ours) counts."""
+        if self.received is None and trainer.received_sigterm:
+            self.received = signal.SIGTERM
+        if self.received is not None and threading.current_thread() is threading.main_thread():
+            # where ours was never installed: after Lightning's teardown, the handler from before fit
+            self._before.setdefault(self.received, signal.getsignal(self.received))
+        if self._late() and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(self.received)
+
+    def _late(self) -> bool:
+        """A signal recorded and not yet acted on ends the run `preempted` (the rerun continues from
+        the checkpoint of the last step and scores it); True if it did."""
+        if self.received is None or not self.outcome.running:
+            return False
+        name = signal.Signals(self.received).name
+        log.info("%s after the last step: no final passes; rerun the same command to score the run", name)
+        self.outcome.end(Status.PREEMPTED, stopped_by=name)
+        return True
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         self._uninstall()

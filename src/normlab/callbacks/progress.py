@@ -41,7 +41,7 @@ NOISE_RECORDS = (
     # no accelerator to report on a CPU machine (a GPU machine keeps "GPU available: True (cuda), used: ...")
     ("lightning.pytorch.utilities.rank_zero", "GPU available: False"),
     ("lightning.pytorch.utilities.rank_zero", "TPU available: False"),
-    # Lightning restoring its own training state (normlab's loads are weights-only, README)
+    # Lightning restoring its own training state (normlab's loads are weights-only, docs/decoding.md)
     ("lightning.pytorch.trainer.connectors.checkpoint_connector", "`weights_only` was not set"),
     # the seed is in the run's name, results.json and W&B; the line came before any error line too
     ("lightning.fabric.utilities.seed", "Seed set to"),

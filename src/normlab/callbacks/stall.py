@@ -42,7 +42,10 @@ from collections import deque
 import lightning as L
 import torch
 
+from normlab.config import check_number
 from normlab.outcome import RunOutcome, Status
+
+KEY = "callbacks.stall"
 
 
 def input_independent_loss(counts: torch.Tensor, eps: float, convention: str = "uniform") -> float:
@@ -91,10 +94,13 @@ class StallGuard(L.Callback):
     def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
                  min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None,
                  outcome: RunOutcome | None = None):
-        if window < 1 or patience < 1:
-            raise ValueError(f"callbacks.stall.window={window!r} and patience={patience!r} must be >= 1")
-        if stop_after is not None and stop_after < 0:
-            raise ValueError(f"callbacks.stall.stop_after={stop_after!r} must be >= 0 (or null: never stop early)")
+        for key, value in (("window", window), ("patience", patience)):
+            check_number(f"{KEY}.{key}", value, "an integer >= 1", lambda v: v >= 1, integer=True)
+        check_number(f"{KEY}.margin", margin, "a number, or null to disable the stall rule", null=True)
+        check_number(f"{KEY}.min_delta", min_delta, "a number >= 0", lambda v: v >= 0)
+        check_number(f"{KEY}.after_step", after_step, "an integer >= 0", lambda v: v >= 0, integer=True)
+        check_number(f"{KEY}.stop_after", stop_after, "an integer >= 0, or null: never stop early", lambda v: v >= 0,
+                     integer=True, null=True)
         self.stop_after = stop_after
         self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self.detected: int | None = None  # first step of the current run of checks that found a stall

@@ -22,6 +22,9 @@ A cell is:
 - `missing`: an expected cell (observed row values × observed column values) with no run at all;
   with --expect-seeds N, a cell with fewer runs says `(k/N missing)`;
 - `n/a`: completed runs without this metric (e.g. test_bleu when eval.test=false).
+A cell whose runs differ in a resolved config key other than the seed and the table's keys (three
+learning rates of post-LN under `--rows norm`) gets one warning line naming the keys. A study's runs
+carry their study arm (results.json labels.arm), so `--rows arm` keeps a study's arms apart.
 
 Writes <out>/report.{md,csv,json}, runs.csv and PNG plots (training curves per arm from each run's
 csv/metrics.csv, the metric vs a numeric column with error bars, BLEU vs kept depth from the prune
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.commands import report_plots
+from normlab.identity import NOT_IDENTITY
 from normlab.commands.common import CommandError, CommandParser, main_guard
 from normlab.outcome import FAILED_TO_TRAIN, UNFINISHED, Status
 from normlab.commands.report_runs import (Run, find_runs, fmt_value as _fmt_value, hashable as _hashable, key_of,
@@ -107,6 +111,7 @@ def build_table(runs: list[Run], rows: list[str], cols: list[str], metric: str, 
         for cv in col_vals:
             members = [r for r in runs if key_of(r, rows) == rv and key_of(r, cols) == cv]
             cells[(rv, cv)] = cell_stats(members, metric, expect_seeds, digits)
+            cells[(rv, cv)]["pooled"] = pooled_differences(members, [*rows, *cols])
     return {"rows": rows, "cols": cols, "metric": metric, "row_values": row_vals, "col_values": col_vals,
             "cells": cells}
 
@@ -132,6 +137,29 @@ def differing_settings(runs: list[Run]) -> dict[str, list]:
         if len(vals) > 1:
             out[k] = sorted(vals, key=_sort_key)
     return out
+
+
+def pooled_differences(members: list[Run], keys: list[str]) -> dict[str, list]:
+    """The resolved config keys whose values differ between the runs pooled into one cell, besides the
+    seed, the table's own keys and what does not change what a run learns (identity.NOT_IDENTITY: where
+    it ran, how it was logged, its labels): a mean over such runs is not a mean over seeds (three
+    learning rates of one scheme under one `arm` row). Choices are file names, not values: left out."""
+    def what_ran(key: str) -> bool:
+        return not key.startswith(("choice:", "choices.")) and key not in keys \
+            and not any(key == k or key.startswith(k + ".") for k in NOT_IDENTITY)
+    return {k: v for k, v in differing_settings(members).items() if what_ran(k)} if len(members) > 1 else {}
+
+
+def pooling_warning(table: dict) -> str | None:
+    """One line naming the keys that differ inside cells (pooled_differences), or None."""
+    pooled = [(cell, c["pooled"]) for cell, c in table["cells"].items() if c.get("pooled")]
+    if not pooled:
+        return None
+    keys = sorted({k for _, diff in pooled for k in diff})
+    (rv, cv), diff = pooled[0]
+    example = "; ".join(f"{k}: {', '.join(_fmt_value(v) for v in vals)}" for k, vals in diff.items())
+    return (f"warning: {len(pooled)} of {len(table['cells'])} cells pool runs whose configs differ in {', '.join(keys)} "
+            f"(cell {label(rv)} × {label(cv)}: {example}): add the keys to --rows or --cols to separate them")
 
 
 def signatures(runs: list[Run], prune: dict[Path, dict]) -> list[str]:
@@ -205,6 +233,9 @@ def render_markdown(table: dict, runs: list[Run], sources: list[str], prune: dic
            + f"; {missing} of {len(table['cells'])} cells missing. Cells: mean ± std over seeds "
            "of the completed runs; notes count the cell's diverged / stalled / failed runs.", "",
            markdown_table(table)]
+    warning = pooling_warning(table)
+    if warning:
+        out += [f"**{warning}**", ""]
     sigs = signatures(runs, prune)
     out += ["sacreBLEU: " + ("; ".join(f"`{s}`" for s in sigs) if sigs else "(no signature in the results)"), ""]
     diff = differing_settings(runs)
@@ -307,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(table))
     for s in signatures(runs, prune):
         print(f"sacreBLEU: {s}")
+    pooled = pooling_warning(table)
+    if pooled:
+        print(pooled, file=sys.stderr)
     print(f"-> {out}/report.{{md,csv,json}}, runs.csv" + (f", {', '.join(plots)}" if plots else ""), file=sys.stderr)
     return 0
 

@@ -181,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{readme}:")
     for v in verdicts:
         print(f"  {v.verdict:>12}  {v.claim.id}")
+    if jobs:  # the verdict table beside the runs in W&B, where the runs log to it (study/dashboard.py)
+        from normlab.study.dashboard import log_verdicts
+        from normlab.study.runner import compose
+
+        try:  # the README and records are written: a W&B failure must not end the study with a traceback
+            note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
+        except Exception as e:  # noqa: BLE001 (any W&B error: one line)
+            note = f"warning: the verdict table was not logged to W&B: {type(e).__name__}: {e}".splitlines()[0]
+        if note:
+            print(note)
     if failed:
         print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
     if refused:

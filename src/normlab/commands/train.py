@@ -10,9 +10,14 @@ A bad override, config value, corpus or checkpoint ends in one line on stderr,
 behind (Hydra creates it before the job starts; it is removed when it holds nothing but Hydra's
 own files). In a sweep the job is recorded as failed (results.json) and the sweep goes on.
 NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) shows the traceback instead.
+
+A second copy of a running command (its run folder held by another process: run_folder.locked) is
+refused before it writes anything there, .hydra/ and the log included: one line, exit status 2. In
+a multirun each refused job prints its line, the other jobs run, and the multirun exits 2.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -46,37 +51,82 @@ def train_user_errors() -> tuple[type[BaseException], ...]:
 
 
 _failed: list[BaseException] = []  # the error of a single run, raised again by main()
+_refused: list[Path] = []  # multirun jobs whose folder another process holds: main() exits non-zero
+HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job (save_hydra_record)
 
 
 def task(cfg: DictConfig) -> float | None:
-    """The Hydra job: validate, run, and on failure record it (sweep) or clean up (single run)."""
+    """The Hydra job: hold the folder, record the config, validate, run; on failure record it
+    (sweep) or clean up (single run)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from normlab.run_config import validate_run_config
     from normlab.failure import is_multirun_job, record_failure
+    from normlab.run_config import validate_run_config
+    from normlab.run_folder import RunFolderInUse, locked, rank_zero
 
     normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
-        from normlab.callbacks.progress import console_setup
-        from normlab.train import run
+        # Held before anything is written into the folder: a second copy of a running command is
+        # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already)
+        with locked(run_dir, rank_zero()):
+            if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
+                save_hydra_record(run_dir, cfg)
+            validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+            from normlab.callbacks.progress import console_setup
+            from normlab.train import run
 
-        console_setup()  # before the Trainer prints its first lines
-        results = run(cfg)
+            console_setup()  # before the Trainer prints its first lines
+            results = run(cfg)
     except Exception as err:
-        from normlab.run_folder import RunFolderInUse
-
-        run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
         single = not is_multirun_job()
         if isinstance(err, RunFolderInUse):  # the folder is another process's: write nothing there
-            pass
-        elif not (single and isinstance(err, train_user_errors()) and run_dir is not None
-                  and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
+            refuse(err, run_dir, single)
+            return None
+        if not (single and isinstance(err, train_user_errors())
+                and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
             record_failure(cfg, err)  # results.json status failed; a multirun goes on
         if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
             _failed.append(err)
         return None
     return objective(results)
+
+
+def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
+    """What Hydra writes into a job's folder before the job starts (hydra.output_subdir), written
+    by the job once it holds the folder (conf/hydra/default.yaml turns Hydra's off): the job's config,
+    Hydra's config and the command line's overrides, as Hydra 1.3 writes them (core/utils.py run_job,
+    _save_config: OmegaConf.to_yaml, unresolved; tests/test_run_lock.py compares the bytes)."""
+    from omegaconf import OmegaConf
+
+    from normlab.file_mode import atomic_write_bytes
+    from normlab.private_api import hydra_job_config
+
+    hydra_cfg = hydra_job_config()  # {hydra: ...}, as run_job copies it
+    out = run_dir / HYDRA_RECORD
+    out.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
+                       ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
+        text = OmegaConf.to_yaml(node).encode("utf-8")
+        atomic_write_bytes(out / name, lambda f, text=text: f.write(text))  # a kill leaves old or new, never half
+
+
+def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
+    """A job whose folder another process holds wrote nothing there, and adds nothing: the log file
+    Hydra opened there for it is closed (it is the holder's; a sweep's next launch line would land in
+    it), its one line goes to stderr (main() prints a single run's), a multirun counts it."""
+    import logging
+
+    root, folder = logging.getLogger(), Path(os.path.abspath(run_dir))
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
+            root.removeHandler(handler)
+            handler.close()
+    if single:
+        _failed.append(err)
+    else:
+        print(one_line(err), file=sys.stderr, flush=True)
+        _refused.append(run_dir)
 
 
 def objective(results: dict) -> float | None:
@@ -150,17 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from normlab.private_api import hydra_app_argv
+
     argv = list(sys.argv[1:] if argv is None else argv)
     tracebacks = show_tracebacks()
     app = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(task)
-    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
-    sys.argv = [sys.argv[0], *argv]
+    saved_env = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trace
     _failed.clear()
+    _refused.clear()
     try:
-        app()
+        with hydra_app_argv(argv), _root_logging_restored():
+            app()
         if _failed:
             raise _failed.pop()
+        if _refused:  # the other jobs ran; each refused one printed its line when it was refused
+            print(f"error: {len(_refused)} job(s) of this multirun did not run: their run folders are in use by "
+                  "another process (above); rerun the same command once it ends", file=sys.stderr)
+            return EXIT_USER_ERROR
     except SystemExit as e:  # --help, argparse errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except (HydraException, OmegaConfBaseException) as e:
@@ -181,15 +238,29 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        from hydra.core.hydra_config import HydraConfig
-
-        HydraConfig.instance().cfg = None  # an in-process caller (tests) must not see this run's Hydra config
-        sys.argv = saved_argv
         if saved_env is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_env
     return 0
+
+
+@contextlib.contextmanager
+def _root_logging_restored():
+    """Hydra configures the root logger for its job (console + <run>/train.log, opened at the first
+    line: conf/hydra/default.yaml) and leaves it so. A caller that goes on in the same process (a
+    study, a test) must not log into the last job's file, which a refused job never created: the
+    handlers Hydra added are closed and the caller's come back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in root.handlers:
+            if h not in handlers:
+                h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def cli() -> None:

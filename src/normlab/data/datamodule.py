@@ -21,7 +21,7 @@ import numpy as np
 from normlab.config import ConfigError
 from normlab.data.arrays import release_freed_memory
 from normlab.data.batching import BatchLoader, PairDataset, batch_loader
-from normlab.data.folder import DataFolder, cached_folder
+from normlab.data.folder import DataFolder, built_line, cached_folder
 from normlab.data.preprocess import SpmSettings
 from normlab.data.tokenizer import Tokenizer
 
@@ -169,6 +169,8 @@ class TranslationDataModule(L.LightningDataModule):
                 self._text[split] = (folder.text(split, "src"), folder.text(split, "tgt"))
             self.stats[split] = stats
         release_freed_memory()  # the length filter's and sizes' temporaries
+        if folder.built:
+            log.info("%s", built_line(folder))
         log.info("%s", stats_line(self.name, self.stats))
 
     # -- raw text of the held-out splits, index-aligned with batch["idx"] -----------------------

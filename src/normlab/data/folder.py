@@ -23,6 +23,7 @@ from normlab.data.arrays import KINDS, TokenArray
 from normlab.data.corpus import CorpusError, check_file
 from normlab.data.preprocess import FORMAT_VERSION, MANIFEST, SIDES, SPLITS, SpmSettings, preprocess
 from normlab.data.tokenizer import MODEL_FILE, Tokenizer
+from normlab.json_file import json_kind
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,12 @@ def sha256_file(path: Path) -> str:
 class DataFolder:
     def __init__(self, path: Path, manifest: dict):
         self.path, self.manifest = path, manifest
+        self.built = False  # preprocessed by this process just now (cached_folder), said once the run accepts it
 
     @classmethod
     def open(cls, path: str | Path, check_inputs: bool = True) -> "DataFolder":
         path = Path(path)
-        generic = f"(run: {PREPROCESS} --train-src ... --out {path})"
+        generic = f"(run: {PREPROCESS} --train SRC TGT --valid SRC TGT --test SRC TGT --out {path})"
         if not path.is_dir():
             what = "not a folder" if path.exists() else "data folder not found"
             raise CorpusError(f"{path}: {what} {generic}")
@@ -55,6 +57,8 @@ class DataFolder:
             manifest = json.loads(mf.read_text())
         except (OSError, ValueError) as e:
             raise CorpusError(f"{mf}: unreadable ({e}) {generic}") from None
+        if not isinstance(manifest, dict):
+            raise CorpusError(f"{mf}: {json_kind(manifest)}, not a JSON object {generic}")
         folder = cls(path, manifest)
         if manifest.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"{mf}: data folder format {manifest.get('format_version')!r}, this normlab reads "
@@ -178,17 +182,31 @@ def cached_folder(files: dict[str, tuple[str | Path, str | Path]], cache_dir: Pa
     folder = root / f"{name}-{_key({**base, 'spm': asdict(spm)})}"
     if tokenizer is not None and not _has_tokenizer(folder, tokenizer):
         folder = root / f"{name}-{_key({**base, 'tokenizer_sha256': tokenizer.sha256})}"
+    built = False
     with _locked(root / f".{folder.name}.lock"):
         if not (folder / MANIFEST).is_file():
             if workers is None:  # worker processes pay off from a few hundred thousand pairs
                 small = sum(os.path.getsize(p) for p in files["train"]) < 50 << 20
                 workers = 1 if small else min(os.cpu_count() or 1, 8)
-            log.info("%s: preprocessing into %s (once; later runs reuse it)", name, folder)
+            # Nothing is logged here: the run says what was built once it has accepted the data
+            # (datamodule.setup), so a corpus it refuses, here or after, is the one error line.
             # force only replaces a folder without a manifest (never written by preprocess); a
             # builder on another machine that published first is kept
             preprocess(files, folder, spm, tokenizer, workers=workers, progress=progress, name=name,
                        src_lang=src_lang, tgt_lang=tgt_lang, force=folder.exists(), own_cache=True)
-    return DataFolder.open(folder, check_inputs=False)  # the key already covers the inputs
+            built = True
+    out = DataFolder.open(folder, check_inputs=False)  # the key already covers the inputs
+    out.built = built
+    return out
+
+
+def built_line(folder: DataFolder) -> str:
+    """What preprocessing into the cache did, for the run's log."""
+    tok = folder.manifest["tokenizer"]
+    made = (f"a {tok['settings']['model_type']} tokenizer of {tok['vocab_size']} pieces trained on "
+            f"{tok['sample_lines']:,} lines" if tok["trained"] else f"the tokenizer of {tok['given']}")
+    return (f"{folder.name}: preprocessed into {folder.path} in {sum(folder.manifest['seconds'].values()):.1f} s, "
+            f"{made} (once; later runs reuse it)")
 
 
 def _has_tokenizer(folder: Path, tokenizer: Tokenizer) -> bool:

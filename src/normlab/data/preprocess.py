@@ -5,7 +5,7 @@
     -> encode chunks of pairs in worker processes, appending to the arrays in order
     -> manifest.json, then one rename: the folder appears complete or not at all.
 
-The folder (format in README, "Large corpora"): spm.model; {split}.{src,tgt}.{tokens,offsets,
+The folder (format in docs/data.md, "Large corpora"): spm.model; {split}.{src,tgt}.{tokens,offsets,
 lengths} raw little-endian arrays; {valid,test}.{src,tgt}.txt, the stripped text that BLEU and
 the decoding commands read; manifest.json (inputs with sizes, mtimes and sha256, settings, counts,
 dropped pairs by reason, the arrays' dtypes and byte sizes, the command that wrote it).
@@ -35,6 +35,7 @@ from tqdm import tqdm
 from normlab.data.arrays import ArrayWriter, token_dtype
 from normlab.data.corpus import CorpusError, LineReader, check_aligned, check_pairs, decode_lines, scan
 from normlab.data.tokenizer import MODEL_FILE, Tokenizer
+from normlab.file_mode import creation_mode
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,7 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
         check_aligned(files[split][0], infos[split, "src"].lines, files[split][1], infos[split, "tgt"].lines)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would keep the folder from the user's group
+    os.chmod(tmp, creation_mode(folder=True))  # mkdtemp's 0700 would keep the folder from the user's group
     try:
         t1 = time.perf_counter()
         spm = spm or SpmSettings()
@@ -88,6 +87,8 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             if not lines:
                 raise CorpusError(f"empty corpus: every line pair of {files['train'][0]} / {files['train'][1]} "
                                   "has an empty side (no text to learn a vocabulary from)")
+            if not own_cache:  # the command's progress (a run says what its cache holds once it accepts it)
+                log.info("tokenizer: training %s (vocab %d) on %d lines", spm.model_type, spm.vocab_size, len(lines))
             try:
                 tokenizer = Tokenizer.train(lines, spm.vocab_size, spm.model_type, spm.character_coverage, spm.seed)
             except RuntimeError as e:  # e.g. a vocabulary larger than these lines allow
@@ -96,7 +97,7 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             del lines
         (tmp / MODEL_FILE).write_bytes(tokenizer.proto)
         t2 = time.perf_counter()
-        splits, arrays, texts = _encode(files, infos, tokenizer, tmp, workers, progress)
+        splits, arrays, texts = _encode(files, infos, tokenizer, tmp, workers, progress, leave=not own_cache)
         t3 = time.perf_counter()
         manifest = {
             "format": "normlab data folder", "format_version": FORMAT_VERSION,
@@ -117,9 +118,10 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; removed on any error or Ctrl-C
     train = splits["train"]
-    log.info("%s: %d train pairs (%d dropped), %d + %d tokens, in %.1f s -> %s", name, train["pairs"],
-             train["lines"] - train["pairs"], train["tokens"]["src"], train["tokens"]["tgt"],
-             time.perf_counter() - t0, out)
+    if not own_cache:
+            log.info("%s: %d train pairs (%d dropped), %d + %d tokens, in %.1f s -> %s", name, train["pairs"],
+                 train["lines"] - train["pairs"], train["tokens"]["src"], train["tokens"]["tgt"],
+                 time.perf_counter() - t0, out)
     return manifest
 
 
@@ -212,11 +214,12 @@ def _ordered(fn, tasks, pool, depth: int):
         yield pending.popleft().get()
 
 
-def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progress: bool):
+def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progress: bool, leave: bool = True):
     dtype = token_dtype(tokenizer.vocab_size)
     total = sum(infos[split, "src"].lines for split in SPLITS)
+    # leave=False (a run's cache): the bar is gone when done, so a refusal after it is still one line
     bar = tqdm(total=total, unit="pairs", unit_scale=True, desc="encode", disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
+               dynamic_ncols=True, leave=leave)
     pool, encode = None, functools.partial(_encode_chunk, sp=tokenizer.sp)
     if workers > 1:  # spawn: no fork of a process that may hold torch's threads and locks
         pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer.proto,))

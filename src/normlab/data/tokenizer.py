@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 from normlab.data.corpus import CorpusError
-
-log = logging.getLogger(__name__)
 
 # Fixed special ids shared with the model and collate (fairseq puts pad at 1; we do not).
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -57,7 +54,6 @@ class Tokenizer:
         """Train on `lines` (all of them: preprocessing draws the bounded sample). The thread
         count is fixed: sentencepiece stores it in the model, so another count would change the
         model's bytes (and its sha256, which data folders and checkpoints are matched by)."""
-        log.info("tokenizer: training %s (vocab %d) on %d lines", model_type, vocab_size, len(lines))
         return cls(_train_spm(lines, {"vocab_size": vocab_size, "model_type": model_type, "seed": seed,
                                       "character_coverage": character_coverage, "num_threads": 2}))
 

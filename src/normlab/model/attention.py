@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.model.norms import RMSNorm, build_norm, l2_normalized
+from normlab.private_api import tensor_version
 
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
 # drophead_encoder_self / drophead_decoder_self / drophead_cross), Admin's export needs to know
@@ -338,10 +339,10 @@ class _KeyMask:
                 or key_padding_mask.is_inference()):
             return ~key_padding_mask[:, None, None, :]
         memo = self.memo
-        if memo is not None and memo[0] is key_padding_mask and memo[1] == key_padding_mask._version:
+        if memo is not None and memo[0] is key_padding_mask and memo[1] == tensor_version(key_padding_mask):
             return memo[2]
         mask = ~key_padding_mask[:, None, None, :]
-        self.memo = (key_padding_mask, key_padding_mask._version, mask)
+        self.memo = (key_padding_mask, tensor_version(key_padding_mask), mask)
         return mask
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 import math
 import sys
 import zlib
 from pathlib import Path
+
+from normlab.json_file import json_kind as _kind, json_object  # noqa: F401 (records and runner read it here)
 
 NOT_RECORDED = ("treated as not recorded and left as it is (move it away, or restore it, for the study to "
                 "run it again)")
@@ -34,36 +35,6 @@ def warn(path: Path, problem: str, then: str) -> None:
     if key not in _named:
         _named.add(key)
         print(f"warning: {path}: {problem}: {then}", file=sys.stderr, flush=True)
-
-
-def _kind(value) -> str:
-    kinds = {list: "a JSON list", str: "a JSON string", bool: "true/false", type(None): "null"}
-    return kinds.get(type(value), "a JSON number" if isinstance(value, (int, float)) else type(value).__name__)
-
-
-def json_object(path: Path) -> tuple[dict | None, str | None]:
-    """(the file's JSON object, None), (None, what is wrong with it), or (None, None) when it is absent."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None, None
-    except OSError as e:
-        return None, f"unreadable ({e.strerror or e})"
-    if not data.strip():
-        return None, "empty"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"not text (not UTF-8 at byte {e.start})"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
-            return None, f"not JSON (cut off at byte {len(data)}?)"
-        return None, f"not JSON (line {e.lineno} column {e.colno}: {e.msg})"
-    if not isinstance(value, dict):
-        return None, f"{_kind(value)}, not a JSON object"
-    return value, None
 
 
 def _number(value, integer: bool = False) -> bool:

@@ -45,7 +45,9 @@ def final_passes(cfg) -> dict[str, tuple[str, ...]]:
     keep = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
     fp = FinalPasses.of(ev, keep)
     out: dict[str, tuple[str, ...]] = {}
-    if ev.get("valid_bleu", True):  # without it the final valid pass scores the loss only
+    # without valid_bleu the final valid pass scores the loss only; a run whose best checkpoint is its last
+    # validation's takes that validation's scores instead of decoding again (final_test.validated_scores)
+    if ev.get("valid_bleu", True):
         out["final valid decode"] = tuple(f"valid_{m}" for m in SCORES)
     if fp.test:
         out["final test decode (beam)"] = tuple(f"test_{m}" for m in SCORES + LOSSES)

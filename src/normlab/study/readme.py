@@ -196,8 +196,9 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               + ")" + _shared(c) + _unfinished(study, c) + ".", "",
               *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
                  f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
-              *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: README, "
-                 f"Determinism): {c['cpus']}.", ""] if study.kind != "probe" and c.get("cpus") else []),
+              *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: "
+                 f"docs/results-and-determinism.md, Determinism): {c['cpus']}.", ""]
+                if study.kind != "probe" and c.get("cpus") else []),
               *screen_lines(study, out, max(c["steps"] or [0]) or None),
               "## Claims", "", *claims_lines(claims), *change_lines(changes), *moved_lines(out)]
     lines += probe_lines

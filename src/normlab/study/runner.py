@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.identity import study_group
 from normlab.outcome import FINISHED
 from normlab.study.damaged import is_damaged, json_object, read_results
 from normlab.study.spec import Arm, Study
@@ -42,6 +43,7 @@ class Job:
     run_dir: Path
     record: Path
     stop_at: int | None = None  # a screen's rung: train to this step and pause (study/screen_run.py)
+    labels: tuple[str, ...] = ()  # labels.study / arm / budget: what the run is part of (not its identity)
 
     @property
     def tag(self) -> str:
@@ -51,12 +53,12 @@ class Job:
 def compose(overrides: list[str]):
     """The config train.py would run with these overrides (Hydra's compose API), validated."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     from normlab.commands.train import config_dir, hydra_error_line
+    from normlab.private_api import reset_hydra
     from normlab.run_config import validate_run_config
 
-    GlobalHydra.instance().clear()
+    reset_hydra()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=overrides)
@@ -68,7 +70,7 @@ def compose(overrides: list[str]):
             raise UserError(hydra_error_line(e, overrides)) from None
         raise
     finally:
-        GlobalHydra.instance().clear()
+        reset_hydra()
     validate_run_config(cfg)
     return cfg
 
@@ -88,19 +90,28 @@ def plan(study: Study, runs: Path, out: Path, chosen: dict[str, list[str]] | Non
     return jobs
 
 
+def study_labels(study: Study, arm: Arm) -> tuple[str, ...]:
+    """The overrides that say which study, arm and budget a run is part of (the config's `labels`):
+    its W&B group (identity.study_group) and tags, results.json's labels and the report's rows read
+    them. Not part of the run's identity, so a run two studies share is one run. Quoted: an arm named
+    `none` or `1e-3` is that text, not Hydra's value."""
+    return tuple(f"labels.{k}='{v}'" for k, v in (("study", study.name), ("arm", arm.name), ("budget", study.budget)))
+
+
 def make_job(study: Study, arm: Arm, seed: int, overrides: list[str], runs: Path, record: Path,
              stop_at: int | None = None) -> Job:
-    """A run of the study: its config composed and validated (one line naming the arm if it is bad),
-    its folder named by its identity (an existing folder of an older name is continued)."""
+    """A run of the study: its config composed with its labels and validated (one line naming the arm
+    if it is bad), its folder named by its identity (an existing folder of an older name is continued)."""
     from normlab import identity
     from normlab.run_folder import existing_name
 
+    labels = study_labels(study, arm)
     try:
-        cfg = compose(overrides)
+        cfg = compose([*overrides, *labels])
     except UserError as e:
         raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
     name = existing_name(runs, identity.run_name(cfg))
-    return Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name, record, stop_at)
+    return Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name, record, stop_at, labels)
 
 
 def record_done(job: Job) -> dict | None:
@@ -165,7 +176,7 @@ def shared_index(records: Path) -> dict[str, Path]:
         if res is None:
             continue
         if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
-            trained_here = res.get("group") == f"study-{res_path.parents[2].name}"  # the study that trained it
+            trained_here = res.get("group") == study_group(res_path.parents[2].name)  # the study that trained it
             if trained_here or res["identity_hash"] not in index:
                 index[res["identity_hash"]] = res_path.parent
     return index
@@ -293,8 +304,9 @@ class Sweep:
 
     def _train_command(self, job: Job) -> list[str]:
         pause = [f"callbacks.preemption.stop_at_step={job.stop_at}"] if job.stop_at else []  # not identity
-        return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *pause, *self.launch,
-                f"hydra.run.dir={job.run_dir}", f"group=study-{self.study.name}"]
+        # the W&B group follows from the labels: study-<name>, study-<name>-smoke (run_spec._group)
+        return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *job.labels, *pause, *self.launch,
+                f"hydra.run.dir={job.run_dir}"]
 
     def _trained(self, job: Job, res: dict) -> bool:
         """The job's training is over (a finished run; a screen's rung job: also a run paused there)."""

@@ -2,11 +2,11 @@
 ran with that the rerun did not, or that the record does not name, each a line, then what is left.
 
 fp32 training is the same to the bit for the same code, seed, settings, thread count and kernel path
-(hardware.py; README "Determinism"). verify reruns at the record's settings, thread count and (where
-this checkout's differ) its commit's code, and takes its kernel path where the CPU can; what it
-cannot take is said here: a record that names no code or no CPU (trained before results.json had
-`code` or `cpu`), a commit not in this clone or with uncommitted changes, a kernel path this CPU
-does not have.
+(hardware.py; docs/results-and-determinism.md, "Determinism"). verify reruns at the record's
+settings, thread count and (where this checkout's differ) its commit's code, and takes its kernel
+path where the CPU can; what it cannot take is said here: a record that names no code or no CPU
+(trained before results.json had `code` or `cpu`), a commit not in this clone or with uncommitted
+changes, a kernel path this CPU does not have.
 """
 from __future__ import annotations
 

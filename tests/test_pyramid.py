@@ -1,0 +1,241 @@
+"""The test pyramid stays honest (issue 37 item 10): every test that trains or runs a command through
+the entry point (tests/pyramid.py: the rule, read from the source) is marked integration, and no
+other test is, so `make test-fast` (-m "not integration and not slow") is the unit tests, all of
+them. A test file whose every test is integration says so once (pytestmark); a test that enters
+through a fixture is marked by tests/conftest.py (TRAINING_FIXTURES); any other one is decorated."""
+import textwrap
+
+import pytest
+
+import pyramid
+from conftest import TRAINING_FIXTURES, pytest_collection_modifyitems
+from pyramid import MARK, integration, load, read_module, why
+
+FILES = pyramid.test_files()
+
+
+def marked_by(mod, test) -> str | None:
+    """How the test is marked integration, read from the source as pytest applies it."""
+    if mod.marked:
+        return "pytestmark"
+    if test.marked:
+        return "decorator"
+    hit = next((p for p in test.params if p in TRAINING_FIXTURES), None)
+    return hit and f"fixture {hit}"
+
+
+def test_every_test_that_enters_is_marked_and_no_other():
+    wrong = []
+    for name in FILES:
+        mod = load(name)
+        for test in mod.tests:
+            reason, mark = integration(name)[test.name], marked_by(mod, test)
+            where = f"tests/{name}.py:{test.line}: {test.name}"
+            if reason and not mark:
+                wrong.append(f"{where}: enters the entry point ({reason}) but is not marked {MARK}")
+            elif mark and not reason:
+                wrong.append(f"{where}: marked {MARK} ({mark}) but enters no entry point (a unit test)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_file_of_integration_tests_says_so_once():
+    wrong = []
+    for name in FILES:
+        mod, found = load(name), integration(name)
+        if found and all(found.values()) and not mod.marked:
+            wrong.append(f"tests/{name}.py: every test is {MARK}: mark the file (pytestmark = pytest.mark.{MARK})")
+        if mod.marked and any(t.marked for t in mod.tests):
+            wrong.append(f"tests/{name}.py: pytestmark marks it {MARK}: the decorators repeat it")
+        if mod.classes:
+            wrong.append(f"tests/{name}.py: test classes {mod.classes}: tests/pyramid.py reads top-level tests only")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_training_fixtures_are_the_fixtures_that_enter():
+    """conftest marks a test by the fixture names it requests: the names must be exactly those of the
+    fixtures that enter, and no fixture that enters nothing may share one of them."""
+    entering, sharing = set(), []
+    for name in ["conftest", *FILES]:
+        mod = load(name)
+        for fixture, func in mod.fixtures.items():
+            if why(mod, func):
+                entering.add(fixture)
+            elif fixture in TRAINING_FIXTURES:
+                sharing.append(f"tests/{name}.py:{func.line}: fixture {fixture} enters nothing but shares the "
+                               "name of one that trains: rename it")
+    assert not sharing, "\n".join(sharing)
+    assert entering == TRAINING_FIXTURES, (f"missing from TRAINING_FIXTURES: {sorted(entering - TRAINING_FIXTURES)}; "
+                                           f"train nothing: {sorted(TRAINING_FIXTURES - entering)}")
+
+
+SOURCES = {  # name -> (source, the tests of it that enter)
+    "mod_a": ("""
+        import subprocess, sys
+        import pytest
+        from normlab.train import run
+        from normlab.commands import study as study_cmd
+        from normlab.study.runner import Sweep, plan
+        from mod_b import helper_b
+        TRAIN = [sys.executable, "train.py"]
+
+        def local_helper(cfg):
+            return run(cfg)
+
+        @pytest.fixture(scope="module")
+        def trained():
+            return local_helper(None)
+
+        @pytest.fixture()
+        def on_top(trained):
+            return trained
+
+        def test_calls_run():
+            run(None)
+
+        def test_through_a_helper():
+            local_helper(None)
+
+        def test_through_another_file():
+            helper_b()
+
+        def test_through_a_fixture(on_top):
+            pass
+
+        def test_a_constant_command_line():
+            subprocess.run(TRAIN)
+
+        def test_a_console_script(tmp_path):
+            subprocess.run([str(tmp_path / "normlab-train"), "norm=x"])
+
+        def test_python_m():
+            subprocess.Popen([sys.executable, "-m", "normlab.commands.study", "--status"])
+
+        def test_study_in_process():
+            study_cmd.main(["x", "--status"])
+
+        def test_hands_on_the_entry_point(guard):
+            guard(study_cmd.main, [])
+
+        def test_the_runner_runs():
+            sweep = Sweep(None, plan(None, None, None), None)
+            sweep.run()
+
+        def test_a_python_c_child_importing_commands():
+            subprocess.run([sys.executable, "-c", "import normlab.commands.report_runs"])
+
+        def test_git_and_a_logger_name():
+            subprocess.run(["git", "status"]), "normlab-test"
+
+        def test_naming_train_py_without_a_process(tmp_path):
+            assert "train.py" in str(tmp_path / "train.py")
+
+        def test_a_runner_not_run():
+            Sweep(None, [], None)._progress()
+
+        def test_another_run():
+            def run(x):
+                return x
+            run(1)
+    """, {"test_calls_run", "test_through_a_helper", "test_through_another_file", "test_through_a_fixture",
+          "test_a_constant_command_line", "test_a_console_script", "test_python_m", "test_study_in_process",
+          "test_hands_on_the_entry_point", "test_the_runner_runs"}),
+    "mod_b": ("""
+        from normlab.commands.prune import main as prune_main
+        from normlab.commands.train import config_dir
+
+        def helper_b():
+            from normlab.commands.train import main
+            return main([])
+
+        def test_prune_in_process():
+            prune_main([])
+
+        def test_a_train_module_helper_that_trains_nothing():
+            config_dir()
+
+        def test_a_local_main_of_another_command():
+            from normlab.commands.prune import main
+            main([])
+    """, set()),
+}
+
+
+def test_the_rule_on_known_cases():
+    """Each way in is found (in-process, a helper, another file, a fixture of a fixture, a command line
+    built first, a console script, python -m, the study runner) and each near miss is left out."""
+    mods = {n: read_module(n, textwrap.dedent(src)) for n, (src, _) in SOURCES.items()}
+    for name, (_, expected) in SOURCES.items():
+        mod = mods[name]
+        found = {t.name for t in mod.tests if why(mod, t, load=mods.get)}
+        assert found == expected, (name, sorted(found ^ expected))
+    mod = mods["mod_a"]
+    assert why(mod, mod.funcs["test_through_a_fixture"], load=mods.get) == \
+        "fixture on_top -> fixture trained -> local_helper -> normlab.train.run (line 11)"
+
+
+def test_a_pytestmark_marks_the_file():
+    for value, marked in (("pytest.mark.integration", True), ("[pytest.mark.integration, pytest.mark.skipif(1)]", True),
+                          ("pytest.mark.skipif(1)", False)):
+        assert read_module("m", f"import pytest\npytestmark = {value}\n").marked is marked, value
+
+
+class FakeItem:
+    def __init__(self, *fixtures, marked=False):
+        self.fixturenames, self.marks = list(fixtures), [MARK] if marked else []
+
+    def add_marker(self, mark):
+        self.marks.append(mark.name)
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+
+def test_the_hook_marks_a_test_by_the_fixtures_it_requests():
+    trains = sorted(TRAINING_FIXTURES)[0]
+    items = [FakeItem("tmp_path", trains), FakeItem("tmp_path", "small_corpus"), FakeItem(trains, marked=True)]
+    pytest_collection_modifyitems(items)
+    assert [i.marks for i in items] == [[MARK], [], [MARK]]  # marked once
+
+
+def test_the_collected_tests_carry_the_mark(request):
+    """Under make test or make test-fast: what pytest collected (after conftest's hook) agrees with
+    the rule; a test that enters but is unmarked would run in test-fast and fail here."""
+    wrong = []
+    for item in request.session.items:
+        name = item.path.stem
+        if item.path.parent != pyramid.TESTS or name not in FILES:
+            continue
+        reason, mark = integration(name).get(item.originalname), item.get_closest_marker(MARK)
+        if bool(reason) != bool(mark):
+            wrong.append(f"{item.nodeid}: enters: {reason}; marked: {mark is not None}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_config_composed_once_is_hydras_own_and_each_caller_gets_a_copy(monkeypatch):
+    """conftest.compose_once (what keeps the study tests inside make test-fast's time): Hydra composes
+    a config once, a repeat is equal to what Hydra composes, a copy a caller may change, and a bad
+    override fails every time."""
+    import conftest
+    from conftest import CONF, compose_once, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    hydra_own, calls = conftest._hydra_compose, []
+    monkeypatch.setattr(conftest, "_hydra_compose", lambda **kw: calls.append(kw["overrides"]) or hydra_own(**kw))
+    kept = len(conftest._composed)
+    overrides = ["norm=postnorm", "seed=7", f"data.vocab_size={kept + 1001}"]  # not composed before
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        first, again = compose_once("config", overrides), compose_once("config", overrides)
+        own = hydra_own(config_name="config", overrides=overrides)
+        other = compose_once("config", overrides[:-1])
+        for _ in range(2):
+            with pytest.raises(ConfigCompositionException):
+                compose_once("config", ["norm=sideways"])
+    assert calls == [overrides, overrides[:-1], ["norm=sideways"], ["norm=sideways"]]
+    assert len(conftest._composed) == kept + 2  # the two configs, not the failure
+    assert OmegaConf.to_container(first) == OmegaConf.to_container(again) == OmegaConf.to_container(own)
+    assert first is not again and OmegaConf.is_struct(again) == OmegaConf.is_struct(own)
+    first.seed = 8
+    assert again.seed == 7 and other.data.vocab_size != first.data.vocab_size
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        assert compose_once("config", overrides).seed == 7
