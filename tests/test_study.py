@@ -67,7 +67,7 @@ def test_studies_share_identical_arms(tmp_path):
     drophead = {j.tag: j.run_name for j in plan(load_study("drophead"), tmp_path, tmp_path)}
     assert prune["scratch3 seed 2"] == drophead["none seed 2"]  # the CPU default at 4,000 steps
     deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu_2k"), tmp_path, tmp_path)}
-    recent = {j.tag: j.run_name for j in plan(load_study("deep_recent"), tmp_path, tmp_path)}
+    recent = {j.tag: j.run_name for j in plan(load_study("deep_recent_2k"), tmp_path, tmp_path)}
     assert deep["pre_ln seed 2"] == recent["pre_ln seed 2"] and deep["post_ln seed 1"] == recent["post_ln seed 1"]
 
 
