@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # The default run on record: seed 1 on the first reference machine (the study copy of make train's
 # config) and on a 2-core AMD EPYC (make train from a fresh clone at c6fc57e), seeds 2 and 3
-RECORDS = [ROOT / "experiments" / "twt_scalenorm" / "runs" / f"pre_ln-s{s}" / "results.json" for s in (1, 2, 3)] + \
+RECORDS = [ROOT / "experiments" / "twt_scalenorm_2k" / "runs" / f"pre_ln-s{s}" / "results.json" for s in (1, 2, 3)] + \
           [ROOT / "benchmarks" / "records" / "make_train_amd_epyc_c6fc57e.results.json"]
 
 

@@ -59,8 +59,8 @@ def test_every_shipped_study_plans(tmp_path):
 
 def test_studies_share_identical_arms(tmp_path):
     """The same resolved config is the same run folder in every study (trained once)."""
-    lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
-    scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm"), tmp_path, tmp_path)}
+    lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
+    scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm_2k"), tmp_path, tmp_path)}
     prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_2k"), tmp_path, tmp_path)}
     assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
     prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
@@ -72,17 +72,17 @@ def test_studies_share_identical_arms(tmp_path):
 
 
 def test_run_names_of_started_studies_are_pinned(tmp_path):
-    """Runs already trained (twt_lowres, started 2026-11-23 under names without the corpus) keep their
-    identity and their folders: a change that renamed them would train them again."""
+    """Runs already trained (twt_lowres_2k, started 2026-11-23 as twt_lowres under names without the
+    corpus) keep their identity and their folders: a change that renamed them would train them again."""
     started = {"pre_ln seed 1": "pre_ln-xavier-none-e3d3-s1-1596a043",
                "post_ln_lr1e-3 seed 1": "post_ln-xavier-none-e3d3-s1-f190fdcd",
                "post_ln_lr2e-3 seed 2": "post_ln-xavier-none-e3d3-s2-bd15fb2d"}
-    names = {j.tag: j.run_name for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
+    names = {j.tag: j.run_name for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
     for tag, old in started.items():
         assert names[tag] == "bible_de_en-" + old
         (tmp_path / old).mkdir()
         (tmp_path / old / "run.json").write_text(json.dumps({"identity_hash": old.rsplit("-", 1)[1]}))
-    found = {j.tag: j.run_dir for j in plan(load_study("twt_lowres"), tmp_path, tmp_path)}
+    found = {j.tag: j.run_dir for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
     for tag, old in started.items():
         assert found[tag] == tmp_path / old
 

@@ -20,29 +20,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_study_plans_its_runs_with_their_labels_and_the_records_keep_their_names(tmp_path):
-    """twt_lowres: each planned run is composed with labels.study / arm / budget, and is the run its
-    committed record names (the same identity hash); its W&B group is the study's, and the smoke
-    budget's is another."""
-    study = load_study("twt_lowres")
+    """twt_lowres_2k: each planned run is composed with labels.study / arm / budget, and is the run its
+    committed record names (the same identity hash, though the study was renamed from twt_lowres since:
+    the labels are not identity); its W&B group is the study's, and the smoke budget's is another."""
+    study = load_study("twt_lowres_2k")
     jobs = plan(study, tmp_path / "runs", tmp_path / "out")
     recorded = {p.parent.name: json.loads(p.read_text())
-                for p in (ROOT / "experiments" / "twt_lowres" / "runs").glob("*/results.json")}
+                for p in (ROOT / "experiments" / "twt_lowres_2k" / "runs").glob("*/results.json")}
     assert len(recorded) == len(jobs) == 8
     for job in jobs:
         rec = recorded[f"{job.arm.name}-s{job.seed}"]
-        assert job.labels == ("labels.study='twt_lowres'", f"labels.arm='{job.arm.name}'", "labels.budget='full'")
+        assert job.labels == ("labels.study='twt_lowres_2k'", f"labels.arm='{job.arm.name}'", "labels.budget='full'")
         assert job.identity_hash == rec["identity_hash"] and job.run_name.endswith(rec["name"])
         assert not [o for o in job.overrides if o.startswith("labels.")]  # the record's overrides: what it ran
     job = next(j for j in jobs if j.arm.name == "post_ln_lr2e-3")
     cfg = compose([*job.overrides, *job.labels])
-    assert _group(cfg) == recorded["post_ln_lr2e-3-s1"]["group"] == "study-twt_lowres"
+    assert _group(cfg) == "study-twt_lowres_2k" and recorded["post_ln_lr2e-3-s1"]["group"] == "study-twt_lowres"
     assert identity.labels(cfg)["arm"] == "post_ln_lr2e-3" and identity.labels(cfg)["scheme"] == "post_ln"
     sweep = Sweep(study, jobs, tmp_path / "runs")
     command = sweep._train_command(job)
     sweep.log_file.close()
     assert [*job.labels] == command[-len(job.labels) - 1:-1] and not [a for a in command if a.startswith("group=")]
-    smoke = plan(load_study("twt_lowres", "smoke"), tmp_path / "smoke", tmp_path / "smoke_out")[0]
-    assert _group(compose([*smoke.overrides, *smoke.labels])) == "study-twt_lowres-smoke"
+    smoke = plan(load_study("twt_lowres_2k", "smoke"), tmp_path / "smoke", tmp_path / "smoke_out")[0]
+    assert _group(compose([*smoke.overrides, *smoke.labels])) == "study-twt_lowres_2k-smoke"
     drophead = load_study("drophead")  # an arm named `none`: its label is that text
     arm = drophead.arms["none"]
     none = make_job(drophead, arm, 1, drophead.arm_overrides(arm, 1), tmp_path / "runs", tmp_path / "rec")
