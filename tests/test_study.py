@@ -63,8 +63,8 @@ def test_studies_share_identical_arms(tmp_path):
     scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm_2k"), tmp_path, tmp_path)}
     prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_2k"), tmp_path, tmp_path)}
     assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
-    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune"), tmp_path, tmp_path)}
-    drophead = {j.tag: j.run_name for j in plan(load_study("drophead"), tmp_path, tmp_path)}
+    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_4k"), tmp_path, tmp_path)}
+    drophead = {j.tag: j.run_name for j in plan(load_study("drophead_4k"), tmp_path, tmp_path)}
     assert prune["scratch3 seed 2"] == drophead["none seed 2"]  # the CPU default at 4,000 steps
     deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu_2k"), tmp_path, tmp_path)}
     recent = {j.tag: j.run_name for j in plan(load_study("deep_recent_2k"), tmp_path, tmp_path)}

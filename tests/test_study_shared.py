@@ -25,41 +25,41 @@ def committed(tmp_path, *studies) -> Path:
 
 
 def test_layerdrop_prune_adopts_droheads_no_drophead_runs_as_its_scratch_model(tmp_path):
-    root = committed(tmp_path, "drophead")
-    study = load_study("layerdrop_prune")
-    jobs = plan(study, tmp_path / "runs", root / "layerdrop_prune")
+    root = committed(tmp_path, "drophead_4k")
+    study = load_study("layerdrop_prune_4k")
+    jobs = plan(study, tmp_path / "runs", root / "layerdrop_prune_4k")
     said = []
     adopted = adopt_shared(jobs, root, said.append)
     assert sorted(j.tag for j in adopted) == ["scratch3 seed 1", "scratch3 seed 2"]
     assert all(record_done(j) is not None for j in adopted)  # the sweep skips them
     assert all(record_done(j) is None for j in jobs if j not in adopted)  # the rest still train
-    assert said[0] == "shared scratch3 seed 1: the run drophead/none-s1 recorded (same identity)"
-    by_arm = load_records(root / "layerdrop_prune")
+    assert said[0] == "shared scratch3 seed 1: the run drophead_4k/none-s1 recorded (same identity)"
+    by_arm = load_records(root / "layerdrop_prune_4k")
     (s1, s2) = by_arm["scratch3"]
-    source = json.loads((root / "drophead" / "runs" / "none-s1" / "results.json").read_text())
+    source = json.loads((root / "drophead_4k" / "runs" / "none-s1" / "results.json").read_text())
     assert s1.results["test_bleu"] == source["test_bleu"] and s1.seed == 1 and s2.seed == 2
-    assert s1.results["shared_from"] == {"study": "drophead", "record": "none-s1"}
-    assert s1.results["study"]["name"] == "layerdrop_prune" and s1.results["study"]["arm"] == "scratch3"
-    assert (s1.path / "test.hyp.gz").read_bytes() == (root / "drophead" / "runs" / "none-s1" / "test.hyp.gz").read_bytes()
+    assert s1.results["shared_from"] == {"study": "drophead_4k", "record": "none-s1"}
+    assert s1.results["study"]["name"] == "layerdrop_prune_4k" and s1.results["study"]["arm"] == "scratch3"
+    assert (s1.path / "test.hyp.gz").read_bytes() == (root / "drophead_4k" / "runs" / "none-s1" / "test.hyp.gz").read_bytes()
     # counted once: the drophead study paid for these runs
     c = cost(by_arm)
-    assert c["runs"] == 2 and c["shared"] == 2 and c["machine_hours"] == 0 and c["shared_with"] == ["drophead"]
+    assert c["runs"] == 2 and c["shared"] == 2 and c["machine_hours"] == 0 and c["shared_with"] == ["drophead_4k"]
     # a second call adopts nothing more and does not adopt from the copies it made
     assert adopt_shared(jobs, root) == []
     # the source rescored (its study reran its final passes): the copy follows it, and only it
-    src = root / "drophead" / "runs" / "none-s1" / "results.json"
+    src = root / "drophead_4k" / "runs" / "none-s1" / "results.json"
     src.write_text(json.dumps({**source, "test_bleu": source["test_bleu"] + 1.0}))
     assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 1"]
-    assert load_records(root / "layerdrop_prune")["scratch3"][0].results["test_bleu"] == source["test_bleu"] + 1.0
+    assert load_records(root / "layerdrop_prune_4k")["scratch3"][0].results["test_bleu"] == source["test_bleu"] + 1.0
     assert adopt_shared(jobs, root) == []
 
 
 def test_nothing_is_adopted_across_identities_unfinished_runs_or_without_prune_translations(tmp_path):
-    root = committed(tmp_path, "drophead", "layerdrop_prune_2k")
-    none_s1 = root / "drophead" / "runs" / "none-s1" / "results.json"
+    root = committed(tmp_path, "drophead_4k", "layerdrop_prune_2k")
+    none_s1 = root / "drophead_4k" / "runs" / "none-s1" / "results.json"
     res = json.loads(none_s1.read_text())
     none_s1.write_text(json.dumps(dict(res, status="preempted")))  # not finished: trained again
-    jobs = plan(load_study("layerdrop_prune"), tmp_path / "runs", root / "layerdrop_prune")
+    jobs = plan(load_study("layerdrop_prune_4k"), tmp_path / "runs", root / "layerdrop_prune_4k")
     assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 2"]
     # layerdrop_prune_2k's 2,000-step runs are other runs (another identity): none is adopted,
     # and a pruned arm whose source record has no pruned translations is not adopted either
@@ -80,20 +80,20 @@ def test_the_cost_line_says_which_runs_were_shared(tmp_path):
     from normlab.study.claims import judge
     from normlab.study.readme import write_study
 
-    root = committed(tmp_path, "drophead")
-    study = load_study("layerdrop_prune")
-    out = root / "layerdrop_prune"
+    root = committed(tmp_path, "drophead_4k")
+    study = load_study("layerdrop_prune_4k")
+    out = root / "layerdrop_prune_4k"
     adopt_shared(plan(study, tmp_path / "runs", out), root)
     by_arm = load_records(out)
-    text = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study layerdrop_prune").read_text()
+    text = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study layerdrop_prune_4k").read_text()
     assert ("2 runs of 4000 steps, 0.00 CPU-hours (the CPU time each run used, over all its legs; device not "
             "recorded; seeds" in text
-            and "; 2 of the runs shared with drophead (the same runs, trained once; their CPU-hours are "
+            and "; 2 of the runs shared with drophead_4k (the same runs, trained once; their CPU-hours are "
                 f"counted there); 2 of {study.planned} planned runs recorded" in text)
 
 
 def test_the_total_counts_a_run_several_studies_recorded_once(tmp_path):
-    """twt_lowres, twt_scalenorm and layerdrop_prune_2k hold the same pre-LN runs (one run folder,
+    """twt_lowres_2k, twt_scalenorm_2k and layerdrop_prune_2k hold the same pre-LN runs (one run folder,
     three records): the index's total counts them once."""
     from normlab.study.index import cost_table
 
@@ -115,12 +115,12 @@ def test_the_total_counts_a_run_several_studies_recorded_once(tmp_path):
 
 
 def test_a_record_being_written_and_a_prune_that_does_not_cover_the_arm_are_not_adopted(tmp_path):
-    root = committed(tmp_path, "drophead")
-    jobs = plan(load_study("layerdrop_prune"), tmp_path / "runs", root / "layerdrop_prune")
-    none_s1 = root / "drophead" / "runs" / "none-s1"
+    root = committed(tmp_path, "drophead_4k")
+    jobs = plan(load_study("layerdrop_prune_4k"), tmp_path / "runs", root / "layerdrop_prune_4k")
+    none_s1 = root / "drophead_4k" / "runs" / "none-s1"
     os.replace(none_s1, none_s1.with_name(".none-s1.tmp"))  # write_record's temp folder, mid-write
     assert [j.tag for j in adopt_shared(jobs, root)] == ["scratch3 seed 2"]
-    assert [r.seed for r in load_records(root / "drophead")["none"]] == [2, 3]  # s1 not read as a record either
+    assert [r.seed for r in load_records(root / "drophead_4k")["none"]] == [2, 3]  # s1 not read as a record either
     (job,) = [j for j in jobs if j.tag == "ld0.5_learned seed 1"]
     src = root / "other" / "runs" / "x-s1"
     src.mkdir(parents=True)

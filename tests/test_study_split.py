@@ -16,7 +16,7 @@ from normlab.study.spec import load_study
 ROOT = Path(__file__).resolve().parents[1]
 # the rerun -> its first regime, kept with its records
 SPLITS = {"deep_bleu": "deep_bleu_2k", "deep_recent": "deep_recent_2k", "twt_lowres": "twt_lowres_2k",
-          "twt_scalenorm": "twt_scalenorm_2k"}
+          "twt_scalenorm": "twt_scalenorm_2k", "drophead": "drophead_4k", "layerdrop_prune": "layerdrop_prune_4k"}
 # Claims whose definition the rerun changed on purpose, before its first records: deep_bleu judges its
 # "trains where post-LN fails" claims on the screens too (`where_fails`, part of the definition).
 CHANGED_BEFORE_DATA = {"deep_bleu": {"admin_trains_deep", "dlcl_post_trains_deep", "deepnorm_trains_deep"}}
