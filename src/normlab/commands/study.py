@@ -107,14 +107,17 @@ def default_jobs(accelerator: str = "cpu") -> int:
 
 def _status(study, runs: Path, out: Path, records: Path | None) -> int:
     from normlab.study.runner import plan
-    from normlab.study.screen_run import choices
+    from normlab.study.screen_status import screened_status_lines
     from normlab.study.status import status_lines
 
     if study.kind == "probe":
         print(f"{study.name}: a probe study (measurements at init, no runs to track): "
               f"`normlab-study {study.name}` measures it in one go")
         return 0
-    print("\n".join(status_lines(study, plan(study, runs, out, choices(study, out)), records)))
+    if any(study.screened(a) for a in study.arms.values()):  # each screen, and the seeds waiting for it
+        print("\n".join(screened_status_lines(study, runs, out, records)))
+        return 0
+    print("\n".join(status_lines(study, plan(study, runs, out), records)))
     return 0
 
 

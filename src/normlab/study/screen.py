@@ -130,6 +130,12 @@ def rank(values: dict[str, float | None], by: str) -> list[str]:
     return sorted(scored, key=lambda k: (sign * float(values[k]), order.index(k)))
 
 
+def survivors(screen: Screen, rung_index: int, values: dict[str, float | None]) -> list[str]:
+    """The settings that go on after rung `rung_index` (after the last: the one chosen), best first:
+    the best `keep` of those with a value at the rung (screen.kept of all that reached it)."""
+    return rank(values, screen.by)[:screen.kept(len(values), rung_index)]
+
+
 def write_choice(path: Path, arm: str, screen: Screen, rows: list[dict], chosen: str | None) -> None:
     """<out>/screen/<arm>.json: every setting's rung values and where it was dropped, and the choice."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from normlab.outcome import FINISHED
 from normlab.study.runner import Job, Sweep, compose, make_job, run_results
-from normlab.study.screen import (check_rungs, read_choice, rank, rung_value, setting_name, setting_overrides,
+from normlab.study.screen import (check_rungs, read_choice, rung_value, setting_name, setting_overrides, survivors,
                                    write_choice)
 from normlab.study.spec import Arm, Study
 
@@ -97,8 +97,7 @@ def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict]
         else:  # diverged or stalled before the rung: out
             values[name] = None
         rows[name]["values"][str(rung)] = values[name]
-    ranked = rank(values, screen.by)
-    kept = ranked[:screen.kept(len(jobs), i)]
+    kept = survivors(screen, i, values)
     for name in jobs:
         if name not in kept:
             rows[name]["dropped_at"] = rung

@@ -30,7 +30,7 @@ from normlab.study.spec import Study
 _STEP = re.compile(r"step (\d+)/(\d+)(?:.*?\| eta (\d+:\d\d:\d\d))?")
 
 
-def _log_progress(run_dir: Path) -> tuple[int, int | None, int | None, str]:
+def log_progress(run_dir: Path) -> tuple[int, int | None, int | None, str]:
     """(the step of its last full checkpoint, the step its log last reached, the steps planned, the
     training time left its log last estimated)."""
     ckpts = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("full-step*.ckpt")
@@ -69,7 +69,7 @@ def job_state(job: Job, shared: dict[str, Path]) -> tuple[str, str, float]:
     if res.get("status") in FINISHED:
         todo = "pruned and recorded" if res.get("status") == "completed" and prune_command(job) else "recorded"
         return "finished", f"finished ({run_summary(res)}); {todo} when the study next runs", 1.0
-    ckpt, last, planned, eta = _log_progress(job.run_dir)
+    ckpt, last, planned, eta = log_progress(job.run_dir)
     of = f" of {planned}" if planned else ""
     # a run stopped in its final scoring has a checkpoint at its last step and its scoring still to do
     done = min(ckpt / planned, 0.9) if planned else 0.0
