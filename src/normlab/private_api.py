@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
 
 # imported once here, not in global_module_hooks: every residual block's dropout asks it per forward
 from torch.nn.modules import module as _torch_module
@@ -33,12 +32,6 @@ def logs_this_step(module) -> bool:
     False outside Trainer.fit."""
     connector = getattr(module._trainer, "_logger_connector", None)  # no trainer: module._trainer is None
     return connector is not None and bool(getattr(connector, "should_update_logs", True))
-
-
-def original_signal_handlers(trainer) -> dict[int, Any]:
-    """Lightning: the signal handlers installed before its own (e.g. submitit's), which the
-    preemption callback hands a signal on to."""
-    return getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", {}) or {}
 
 
 def drop_wandb_init_key(logger, key: str) -> None:
