@@ -52,9 +52,17 @@ def test_a_failing_rerun_writes_nothing_into_a_held_or_finished_folder(tmp_path)
 
     run_dir = tmp_path / "run"
     cfg = compose_cfg([f"run_dir={run_dir}"])
-    with locked(run_dir):  # another process's run, training
+    holder = hold(run_dir)  # another process's run, training
+    try:
         record_failure(cfg, ConfigError("trainer.accelerator", "'gpu': this machine has no CUDA GPU"))
         assert not (run_dir / "results.json").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    with locked(run_dir):  # this process's own run, failed: its record is written while it holds the folder
+        record_failure(cfg, ConfigError("trainer.accelerator", "'gpu': this machine has no CUDA GPU"))
+        assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+    (run_dir / "results.json").unlink()
     finished = {"status": "completed", "test_bleu": 12.3}
     (run_dir / "results.json").write_text(json.dumps(finished))
     record_failure(cfg, ConfigError("trainer.max_time", "'abc' is not valid"))
@@ -224,3 +232,51 @@ def test_the_record_a_job_saves_is_the_one_hydra_saves(tmp_path, monkeypatch):
     for name in names:
         assert (ours / name).read_bytes() == (hydras / name).read_bytes(), name
     assert "seed=3" in (ours / "overrides.yaml").read_text()
+
+
+SECOND_COPY = """import sys
+from pathlib import Path
+from normlab.run_folder import RunFolderInUse, locked
+try:
+    with locked(Path(sys.argv[1])):
+        print("taken")
+except RunFolderInUse:
+    print("refused")
+"""
+
+
+def second_copy(run_dir) -> str:
+    """What a second copy of the command, starting now in another process, finds: `taken` or `refused`."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", SECOND_COPY, str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip()
+
+
+def test_a_failed_job_keeps_its_folder_until_its_failure_is_recorded(tmp_path, monkeypatch):
+    """A job that fails is recorded (results.json `failed`) while it still holds its folder: a copy
+    started between the failure and its record is refused, and the record is written by the job
+    that failed (was: the lock was let go first, so a second copy could take the folder and the
+    failed run's record then went into, or was kept out of, a folder the other copy was training in)."""
+    import normlab.failure as failure
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    found = []
+    real = failure.record_failure
+
+    def record_failure(cfg, err):
+        found.append(second_copy(sweep / "0"))
+        return real(cfg, err)
+
+    monkeypatch.setattr(failure, "record_failure", record_failure)
+    assert train_main(["-m", "norm.type=groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                       "hydra.sweep.subdir=${hydra.job.num}"]) == 0  # a failed job of a sweep: recorded, exit 0
+    assert found == ["refused"]
+    results = json.loads((sweep / "0" / "results.json").read_text())
+    assert results["status"] == "failed" and "groupnorm" in results["error"]
+    assert not (sweep / "0" / ".lock").exists() and second_copy(sweep / "0") == "taken"
+

@@ -251,6 +251,11 @@ def held_elsewhere(run_dir: Path) -> bool:
         os.close(fd)
 
 
+def held_here(run_dir: Path) -> bool:
+    """Whether this process holds the folder (locked()): a failed run's record is written while it does."""
+    return os.path.abspath(run_dir) in _HELD
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether fd is still the file at path (a holder removes its lock file when it ends)."""
     try:

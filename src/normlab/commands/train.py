@@ -66,28 +66,31 @@ def task(cfg: DictConfig) -> float | None:
 
     normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    single = not is_multirun_job()
     try:
         # Held before anything is written into the folder: a second copy of a running command is
-        # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already)
+        # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already),
+        # and until a failed run's record is written (a copy started meanwhile would have taken the
+        # folder between the run's end and its record)
         with locked(run_dir, rank_zero()):
-            if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
-                save_hydra_record(run_dir, cfg)
-            validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
-            from normlab.callbacks.progress import console_setup
-            from normlab.train import run
+            try:
+                if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
+                    save_hydra_record(run_dir, cfg)
+                validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+                from normlab.callbacks.progress import console_setup
+                from normlab.train import run
 
-            console_setup()  # before the Trainer prints its first lines
-            results = run(cfg)
-    except Exception as err:
-        single = not is_multirun_job()
-        if isinstance(err, RunFolderInUse):  # the folder is another process's: write nothing there
-            refuse(err, run_dir, single)
-            return None
-        if not (single and isinstance(err, train_user_errors())
-                and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
-            record_failure(cfg, err)  # results.json status failed; a multirun goes on
-        if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
-            _failed.append(err)
+                console_setup()  # before the Trainer prints its first lines
+                results = run(cfg)
+            except Exception as err:
+                if not (single and isinstance(err, train_user_errors())
+                        and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
+                    record_failure(cfg, err)  # results.json status failed; a multirun goes on
+                if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
+                    _failed.append(err)
+                return None
+    except RunFolderInUse as err:  # the folder is another process's: write nothing there
+        refuse(err, run_dir, single)
         return None
     return objective(results)
 
@@ -144,10 +147,10 @@ def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
     run's identity record (run.json, written before the data is read) and its tokenizer (a copy of
     the data's or the start checkpoint's, saved before the start weights are checked), and its
     parents that are left empty (up to the working directory); never a folder with a run's work
-    (checkpoints, results)."""
-    from normlab.run_folder import RUN_FILE
+    (checkpoints, results). Called while the folder is held: its lock file goes with it."""
+    from normlab.run_folder import LOCK_FILE, RUN_FILE
 
-    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE, "tokenizer"}
+    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE, "tokenizer", LOCK_FILE}
     if not run_dir.is_dir() or any(p.name not in hydra_own for p in run_dir.iterdir()):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
