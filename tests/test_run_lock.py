@@ -208,8 +208,8 @@ def test_a_refused_multirun_job_is_reported_and_the_sweep_goes_on_and_exits_2(tm
     errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(errors) == 2, out.err
     assert errors[0].startswith(f"error: {sweep / '0'}: in use by process {holder.pid} on ")
-    assert errors[1] == ("error: 1 job(s) of this multirun did not run: their run folders are in use by another "
-                         "process (above); rerun the same command once it ends")
+    assert errors[1] == (f"error: {sweep}: 1 job(s) of this multirun did not run: their run folders are in use by "
+                         "another process (above); rerun the same command once it ends")  # where: the sweep folder
     assert contents(sweep / "0") == before
     assert json.loads((sweep / "1" / "results.json").read_text())["status"] == "failed"  # it ran
     assert "norm.type=groupnorm" in (sweep / "1" / ".hydra" / "overrides.yaml").read_text()

@@ -13,7 +13,8 @@ NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) shows the traceback instead.
 
 A second copy of a running command (its run folder held by another process: run_folder.locked) is
 refused before it writes anything there, .hydra/ and the log included: one line, exit status 2. In
-a multirun each refused job prints its line, the other jobs run, and the multirun exits 2.
+a multirun each refused job prints its line, the other jobs run, and the multirun exits 2 with a line
+naming the sweep folder.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def train_user_errors() -> tuple[type[BaseException], ...]:
 
 
 _failed: list[BaseException] = []  # the error of a single run, raised again by main()
-_refused: list[Path] = []  # multirun jobs whose folder another process holds: main() exits non-zero
+_refused: list[Path] = []  # the sweep folder of each multirun job whose folder another process holds: exit 2
 HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job (save_hydra_record)
 
 
@@ -90,7 +91,7 @@ def task(cfg: DictConfig) -> float | None:
                     _failed.append(err)
                 return None
     except RunFolderInUse as err:  # the folder is another process's: write nothing there
-        refuse(err, run_dir, single)
+        refuse(err, run_dir, None if single else Path(HydraConfig.get().sweep.dir))
         return None
     return objective(results)
 
@@ -114,10 +115,11 @@ def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
         atomic_write_bytes(out / name, lambda f, text=text: f.write(text))  # a kill leaves old or new, never half
 
 
-def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
+def refuse(err: BaseException, run_dir: Path, sweep: Path | None) -> None:
     """A job whose folder another process holds wrote nothing there, and adds nothing: the log file
     Hydra opened there for it is closed (it is the holder's; a sweep's next launch line would land in
-    it), its one line goes to stderr (main() prints a single run's), a multirun counts it."""
+    it), its one line goes to stderr (main() prints a single run's), a multirun (`sweep`: its
+    folder) counts it."""
     import logging
 
     root, folder = logging.getLogger(), Path(os.path.abspath(run_dir))
@@ -125,11 +127,19 @@ def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
             root.removeHandler(handler)
             handler.close()
-    if single:
+    if sweep is None:
         _failed.append(err)
     else:
         print(one_line(err), file=sys.stderr, flush=True)
-        _refused.append(run_dir)
+        _refused.append(sweep)
+
+
+def refused_line(sweeps: list[Path]) -> str:
+    """The multirun's closing line, in the house form `error: <where>: <what>`: where is the sweep
+    folder (several, if the sweeper moved between folders)."""
+    where = ", ".join(str(s) for s in dict.fromkeys(sweeps))
+    return one_line(UserError(where, f"{len(sweeps)} job(s) of this multirun did not run: their run folders are in "
+                                     "use by another process (above); rerun the same command once it ends"))
 
 
 def objective(results: dict) -> float | None:
@@ -218,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         if _failed:
             raise _failed.pop()
         if _refused:  # the other jobs ran; each refused one printed its line when it was refused
-            print(f"error: {len(_refused)} job(s) of this multirun did not run: their run folders are in use by "
-                  "another process (above); rerun the same command once it ends", file=sys.stderr)
+            print(refused_line(_refused), file=sys.stderr)
             return EXIT_USER_ERROR
     except SystemExit as e:  # --help, argparse errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
