@@ -280,3 +280,30 @@ def test_a_failed_job_keeps_its_folder_until_its_failure_is_recorded(tmp_path, m
     assert results["status"] == "failed" and "groupnorm" in results["error"]
     assert not (sweep / "0" / ".lock").exists() and second_copy(sweep / "0") == "taken"
 
+
+@pytest.mark.integration
+def test_a_refused_job_under_submitit_local_makes_the_multirun_exit_2(tmp_path, monkeypatch, capsys):
+    """hydra/launcher=submitit_local runs each job in a worker process of its own: a refused job there
+    fails its job, so the multirun, once every job has run, prints the refusal in its one line and
+    exits 2, as under the basic launcher (was: exit 0, the refusal only in the worker's log)."""
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    before = held_folder(sweep / "0")
+    holder = hold(sweep / "0")
+    try:  # job 1 fails on its own bad value: recorded, and not a reason to exit 2
+        code = train_main(["-m", "norm.type=layernorm,groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                           "hydra.sweep.subdir=${hydra.job.num}", "hydra/launcher=submitit_local",
+                           "hydra.launcher.timeout_min=10"])
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, out.err
+    assert errors[0].startswith(f"error: {sweep / '0'}: in use by process {holder.pid} on "), out.err
+    assert "Traceback" not in out.err + out.out
+    assert contents(sweep / "0") == before
+    assert json.loads((sweep / "1" / "results.json").read_text())["status"] == "failed"  # it ran
+    assert list(sweep.glob(".submitit/*/*_log.out"))  # in submitit's workers

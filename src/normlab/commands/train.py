@@ -14,7 +14,9 @@ NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) shows the traceback instead.
 A second copy of a running command (its run folder held by another process: run_folder.locked) is
 refused before it writes anything there, .hydra/ and the log included: one line, exit status 2. In
 a multirun each refused job prints its line, the other jobs run, and the multirun exits 2 with a line
-naming the sweep folder.
+naming the sweep folder. Under a launcher that runs each job in a process of its own
+(hydra/launcher=submitit_local, slurm) a refused job's line goes to its log there, and the multirun,
+once its jobs have run, prints the first refused job's line and exits 2 as well.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def train_user_errors() -> tuple[type[BaseException], ...]:
 
 _failed: list[BaseException] = []  # the error of a single run, raised again by main()
 _refused: list[Path] = []  # the sweep folder of each multirun job whose folder another process holds: exit 2
+_main_process: list[int] = []  # main()'s process: a job in another one (a launcher's worker) cannot add to _refused
 HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job (save_hydra_record)
 
 
@@ -92,6 +95,10 @@ def task(cfg: DictConfig) -> float | None:
                 return None
     except RunFolderInUse as err:  # the folder is another process's: write nothing there
         refuse(err, run_dir, None if single else Path(HydraConfig.get().sweep.dir))
+        if not single and os.getpid() not in _main_process:
+            # a launcher's worker (submitit, joblib): the job fails, so that Hydra's sweeper raises the
+            # refusal in main()'s process once the jobs have run, and the multirun exits 2 there too
+            raise
         return None
     return objective(results)
 
@@ -222,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trace
     _failed.clear()
     _refused.clear()
+    _main_process[:] = [os.getpid()]
     try:
         with hydra_app_argv(argv), _root_logging_restored():
             app()
