@@ -17,9 +17,10 @@ left out. Each row reads what the run wrote (README, "What a run leaves behind")
 - steps: results.json's steps of planned_steps; a run without a record, or one training now, shows
   its newest full checkpoint's step when that is further (the step a rerun continues from);
 - corpus, norm, arm: the labels results.json holds (from the resolved values: normlab/identity.py),
-  else computed from run.json's identity; arm and study: the config's labels.arm / labels.study
-  when the run was started with them (normlab-study sets them), else the study record's, else a
-  study run's W&B group (study-<name>, in results.json or the config); `-` when absent;
+  else computed from run.json's identity; arm and study: a study record's (experiments/<study>/runs/:
+  the study and arm that hold the run), else the config's labels.arm / labels.study when the run was
+  started with them (normlab-study sets them: the study and arm it was trained as), else a study
+  run's W&B group (study-<name>, in results.json or the config); `-` when absent;
 - valid BLEU, test BLEU (the scored checkpoint, beam 4), wall (over all legs), started (run.json's
   creation time; the oldest of the run's files for a folder without one).
 
@@ -187,8 +188,10 @@ def read_row(folder: Path, shown: str) -> dict:
                  if isinstance(s, int) and not isinstance(s, bool)), None)
     return {"run": shown, "path": str(folder.resolve()), "status": status, "steps": steps, "planned_steps": planned,
             "corpus": labels.get("data"), "norm": labels.get("norm"),
-            "arm": given.get("arm") or study_record.get("arm") or labels.get("arm"),
-            "study": given.get("study") or res_labels.get("study") or study_record.get("name")
+            # a study's record names the study and arm that hold the run; the labels, the ones it
+            # was trained as (another study's, for a run two studies share: docs/studies.md)
+            "arm": study_record.get("arm") or given.get("arm") or labels.get("arm"),
+            "study": study_record.get("name") or given.get("study") or res_labels.get("study")
             or _study_of_group(results.get("group") or config.get("group")),
             "seed": seed, "valid_bleu": _number(results.get("valid_bleu")),
             "test_bleu": _number(results.get("test_bleu")), "wall_s": _number(results.get("wall_s")),
