@@ -45,6 +45,18 @@ def global_module_hooks() -> bool:
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
+def module_hooks(module) -> bool:
+    """torch: forward (pre-)hooks registered on this module (nn.Module has no public query; its own
+    __call__ reads the same dicts to decide whether to run them)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def numpy_mmap(array):
+    """numpy: the mmap.mmap under an np.memmap (None for any other array), for madvise; numpy keeps
+    it in the private `_mmap` (public since no version)."""
+    return getattr(array, "_mmap", None)
+
+
 def tensor_version(t) -> int:
     """torch: a tensor's version counter, which every in-place change bumps (attention's key-mask
     memo is stale once its source tensor changed; torch has no public accessor)."""
