@@ -42,11 +42,12 @@ import yaml
 
 from normlab import identity
 from normlab.commands.common import CommandError, CommandParser, main_guard
+from normlab.commands.study import SHARED_RUNS
 from normlab.outcome import Status
-from normlab.run_folder import RUN_FILE, held_elsewhere
+from normlab.run_folder import CREATED_FORMAT, MULTIRUN, OUTPUTS, RUN_FILE, full_checkpoints, held_elsewhere
 from normlab.study.damaged import json_object, results_problem
 
-DEFAULT_FOLDERS = ("outputs", "multirun", "studies/runs")
+DEFAULT_FOLDERS = (OUTPUTS, MULTIRUN, str(SHARED_RUNS))  # where train.py and normlab-study put run folders
 TRAINING, NO_RECORD, DAMAGED = "training", "no record", "damaged"
 STATUSES = (TRAINING, *(s.value for s in Status), NO_RECORD, DAMAGED)
 # (JSON key, table header); the JSON keys are the --sort keys
@@ -54,9 +55,7 @@ COLUMNS = (("run", "run"), ("status", "status"), ("steps", "steps"), ("corpus", 
            ("arm", "arm"), ("study", "study"), ("seed", "seed"), ("valid_bleu", "valid BLEU"),
            ("test_bleu", "test BLEU"), ("wall_s", "wall"), ("started", "started"))
 SORT_KEYS = tuple(key for key, _ in COLUMNS)
-STARTED_FORMAT = "%Y-%m-%d %H:%M:%S"  # run_folder.prepare's `created`: sorts as text in time order
 ABSENT = "-"
-FULL_PREFIX = "full-step"
 
 
 # ---------------------------------------------------------------- finding run folders
@@ -140,30 +139,29 @@ def _computed_labels(record: dict, config: dict) -> dict:
 def _started(folder: Path, record: dict) -> str:
     created = record.get("created")
     try:
-        time.strptime(str(created), STARTED_FORMAT)
+        time.strptime(str(created), CREATED_FORMAT)
         return str(created)
     except ValueError:
         pass
     for name in (".hydra/config.yaml", RUN_FILE, "results.json", "."):  # the first written first
         try:
-            return time.strftime(STARTED_FORMAT, time.localtime((folder / name).stat().st_mtime))
+            return time.strftime(CREATED_FORMAT, time.localtime((folder / name).stat().st_mtime))
         except OSError:
             continue
     return ""
 
 
 def checkpoint_step(folder: Path) -> int | None:
-    """The newest full checkpoint's step, from its name (checkpoints/full-step<N>.ckpt, as
-    callbacks/full_checkpoint.py names them; read here without importing Lightning, seconds of a
-    listing's start)."""
-    steps = [int(p.stem[len(FULL_PREFIX):]) for p in (folder / "checkpoints").glob(f"{FULL_PREFIX}*.ckpt")
-             if p.stem[len(FULL_PREFIX):].isdigit()]
-    return max(steps, default=None)
+    """The newest full checkpoint's step, from its name (run_folder.full_checkpoints: Lightning is
+    not imported, seconds of a listing's start)."""
+    found = full_checkpoints(folder / "checkpoints")
+    return found[0][0] if found else None
 
 
 def _study_of_group(group: Any) -> str | None:
-    # the study runner groups its runs as study-<name> (study/runner.py)
-    return group[len("study-"):] if isinstance(group, str) and group.startswith("study-") else None
+    # the study runner groups its runs as study-<name> (identity.study_group)
+    prefix = identity.STUDY_GROUP_PREFIX
+    return group[len(prefix):] if isinstance(group, str) and group.startswith(prefix) else None
 
 
 def read_row(folder: Path, shown: str) -> dict:
