@@ -45,3 +45,26 @@ def test_checkpoint_nodes():
 def test_a_bad_callback_value_is_a_config_error_naming_its_key():
     with pytest.raises(ConfigError, match=r"callbacks\.drophead_schedule\.schedule: 'zigzag' is not valid \(allowed: constant, v_shape\)"):
         instantiate_callbacks(compose_cfg(["callbacks.drophead_schedule.schedule=zigzag"]).callbacks)
+
+
+def test_the_step_bar_refreshes_every_refresh_rate_steps_and_at_the_last():
+    """StepProgressBar's rule (TQDMProgressBar's, on its public settings): steps 3, 6 and 7 of 7 at
+    refresh_rate 3; none with the bar disabled."""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.progress import StepProgressBar
+
+    class Bar:
+        total, n, shown = 7, 0, []
+
+        def set_postfix(self, metrics, refresh=True):
+            self.shown.append(self.n)
+
+    for rate, want in ((3, [3, 6, 7]), (0, [])):
+        cb = StepProgressBar(refresh_rate=rate)
+        cb.train_progress_bar = Bar()
+        cb.train_progress_bar.shown = []
+        for step in range(1, 8):
+            trainer = SimpleNamespace(global_step=step, progress_bar_metrics={}, optimizers=[])
+            cb.on_train_batch_end(trainer, SimpleNamespace(train_tokens_per_s=0.0), None, None, step)
+        assert cb.train_progress_bar.shown == want, rate

@@ -52,9 +52,17 @@ def test_a_failing_rerun_writes_nothing_into_a_held_or_finished_folder(tmp_path)
 
     run_dir = tmp_path / "run"
     cfg = compose_cfg([f"run_dir={run_dir}"])
-    with locked(run_dir):  # another process's run, training
+    holder = hold(run_dir)  # another process's run, training
+    try:
         record_failure(cfg, ConfigError("trainer.accelerator", "'gpu': this machine has no CUDA GPU"))
         assert not (run_dir / "results.json").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    with locked(run_dir):  # this process's own run, failed: its record is written while it holds the folder
+        record_failure(cfg, ConfigError("trainer.accelerator", "'gpu': this machine has no CUDA GPU"))
+        assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+    (run_dir / "results.json").unlink()
     finished = {"status": "completed", "test_bleu": 12.3}
     (run_dir / "results.json").write_text(json.dumps(finished))
     record_failure(cfg, ConfigError("trainer.max_time", "'abc' is not valid"))
@@ -200,8 +208,8 @@ def test_a_refused_multirun_job_is_reported_and_the_sweep_goes_on_and_exits_2(tm
     errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(errors) == 2, out.err
     assert errors[0].startswith(f"error: {sweep / '0'}: in use by process {holder.pid} on ")
-    assert errors[1] == ("error: 1 job(s) of this multirun did not run: their run folders are in use by another "
-                         "process (above); rerun the same command once it ends")
+    assert errors[1] == (f"error: {sweep}: 1 job(s) of this multirun did not run: their run folders are in use by "
+                         "another process (above); rerun the same command once it ends")  # where: the sweep folder
     assert contents(sweep / "0") == before
     assert json.loads((sweep / "1" / "results.json").read_text())["status"] == "failed"  # it ran
     assert "norm.type=groupnorm" in (sweep / "1" / ".hydra" / "overrides.yaml").read_text()
@@ -224,3 +232,78 @@ def test_the_record_a_job_saves_is_the_one_hydra_saves(tmp_path, monkeypatch):
     for name in names:
         assert (ours / name).read_bytes() == (hydras / name).read_bytes(), name
     assert "seed=3" in (ours / "overrides.yaml").read_text()
+
+
+SECOND_COPY = """import sys
+from pathlib import Path
+from normlab.run_folder import RunFolderInUse, locked
+try:
+    with locked(Path(sys.argv[1])):
+        print("taken")
+except RunFolderInUse:
+    print("refused")
+"""
+
+
+def second_copy(run_dir) -> str:
+    """What a second copy of the command, starting now in another process, finds: `taken` or `refused`."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", SECOND_COPY, str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip()
+
+
+def test_a_failed_job_keeps_its_folder_until_its_failure_is_recorded(tmp_path, monkeypatch):
+    """A job that fails is recorded (results.json `failed`) while it still holds its folder: a copy
+    started between the failure and its record is refused, and the record is written by the job
+    that failed (was: the lock was let go first, so a second copy could take the folder and the
+    failed run's record then went into, or was kept out of, a folder the other copy was training in)."""
+    import normlab.failure as failure
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    found = []
+    real = failure.record_failure
+
+    def record_failure(cfg, err):
+        found.append(second_copy(sweep / "0"))
+        return real(cfg, err)
+
+    monkeypatch.setattr(failure, "record_failure", record_failure)
+    assert train_main(["-m", "norm.type=groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                       "hydra.sweep.subdir=${hydra.job.num}"]) == 0  # a failed job of a sweep: recorded, exit 0
+    assert found == ["refused"]
+    results = json.loads((sweep / "0" / "results.json").read_text())
+    assert results["status"] == "failed" and "groupnorm" in results["error"]
+    assert not (sweep / "0" / ".lock").exists() and second_copy(sweep / "0") == "taken"
+
+
+@pytest.mark.integration
+def test_a_refused_job_under_submitit_local_makes_the_multirun_exit_2(tmp_path, monkeypatch, capsys):
+    """hydra/launcher=submitit_local runs each job in a worker process of its own: a refused job there
+    fails its job, so the multirun, once every job has run, prints the refusal in its one line and
+    exits 2, as under the basic launcher (was: exit 0, the refusal only in the worker's log)."""
+    from normlab.commands.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    before = held_folder(sweep / "0")
+    holder = hold(sweep / "0")
+    try:  # job 1 fails on its own bad value: recorded, and not a reason to exit 2
+        code = train_main(["-m", "norm.type=layernorm,groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",
+                           "hydra.sweep.subdir=${hydra.job.num}", "hydra/launcher=submitit_local",
+                           "hydra.launcher.timeout_min=10"])
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, out.err
+    assert errors[0].startswith(f"error: {sweep / '0'}: in use by process {holder.pid} on "), out.err
+    assert "Traceback" not in out.err + out.out
+    assert contents(sweep / "0") == before
+    assert json.loads((sweep / "1" / "results.json").read_text())["status"] == "failed"  # it ran
+    assert list(sweep.glob(".submitit/*/*_log.out"))  # in submitit's workers

@@ -262,7 +262,27 @@ def test_module_and_console_script(sweep, capsys, monkeypatch):
                                                                "--colour (see normlab-runs --help)\n")
 
 
-def test_checkpoint_names_are_the_callbacks():
-    from normlab.callbacks.full_checkpoint import PREFIX
+def test_the_listing_takes_its_names_from_their_owners(tmp_path):
+    """Where runs go and what their files are called come from the modules that decide them (a
+    change there cannot leave the listing looking elsewhere): the folders are Hydra's run and sweep
+    folders (conf/hydra/default.yaml) and normlab-study's run pool; a checkpoint step is read by the
+    function the training callback uses; `started` parses run.json's `created` as written."""
+    import time
 
-    assert runs.FULL_PREFIX == PREFIX
+    from normlab import run_folder
+    from normlab.callbacks import full_checkpoint
+    from normlab.commands.study import SHARED_RUNS
+
+    hydra = yaml.safe_load((ROOT / "conf" / "hydra" / "default.yaml").read_text())
+    assert hydra["run"]["dir"] == f"${{nl.run_dir:{run_folder.OUTPUTS}}}"
+    assert hydra["sweep"]["dir"].split("/")[0] == run_folder.MULTIRUN
+    assert runs.DEFAULT_FOLDERS == ("outputs", "multirun", "studies/runs") == (
+        run_folder.OUTPUTS, run_folder.MULTIRUN, str(SHARED_RUNS))
+    assert full_checkpoint.full_checkpoints is run_folder.full_checkpoints  # what the callback writes and prunes by
+    for name in ("full-step12.ckpt", "full-step3.ckpt", "full-stepx.ckpt", "step40.ckpt"):
+        (tmp_path / "checkpoints").mkdir(exist_ok=True)
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+    assert runs.checkpoint_step(tmp_path) == 12
+    created = time.strftime(run_folder.CREATED_FORMAT)
+    assert runs._started(tmp_path, {"created": created}) == created
+    assert runs._study_of_group("study-twt_lowres") == "twt_lowres" and runs._study_of_group("multirun-1a2b3c") is None

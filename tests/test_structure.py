@@ -218,12 +218,32 @@ def _own_private_names() -> set[str]:
     return {x for x in names if x.startswith("_")}
 
 
+def _private_reach_ins(tree: ast.AST, own: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for each private name of another library a module reaches: an attribute
+    (`trainer._signal_connector`), one inherited from a library's class (`self._modules` in a
+    torch Module subclass: a private name normlab never assigns or defines), or one named by a
+    string (`getattr(array, "_mmap")`, hasattr / setattr / delattr alike)."""
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__") and name not in own
+
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and private(n.attr):
+            found.append((n.lineno, f".{n.attr}"))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+                and n.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(n.args) >= 2 \
+                and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str) and private(n.args[1].value):
+            found.append((n.lineno, f"{n.func.id}(..., {n.args[1].value!r})"))
+    return found
+
+
 def test_private_reach_ins_live_in_private_api():
     """Issue 37 item 4: another library's private attribute (Lightning's `_trainer`, torch's
-    `Tensor._version`, OmegaConf's `_get_node`, ...) is used only in private_api.py, whose canary
-    tests (tests/test_private_api.py) fail by name when an upgrade changes one; nor does a module
-    read the process's `sys.argv` (the entry points pass what they know), and none but private_api
-    touches Hydra's global singleton."""
+    `Tensor._version` and `Module._forward_hooks`, numpy's `memmap._mmap`, OmegaConf's `_get_node`,
+    ...), read directly, through `self` in a subclass or by name in a getattr, is used only in
+    private_api.py, whose canary tests (tests/test_private_api.py) fail by name when an upgrade
+    changes one; nor does a module read the process's `sys.argv` (the entry points pass what they
+    know), and none but private_api touches Hydra's global singleton."""
     own = _own_private_names()
     found = []
     for name, path in _modules().items():
@@ -232,15 +252,25 @@ def test_private_reach_ins_live_in_private_api():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         entry = {id(x) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("main", "cli")
                  for x in ast.walk(f)}  # an entry point reads its own command line
+        found += [f"{name}:{line}: {what}" for line, what in _private_reach_ins(tree, own)]
         for n in ast.walk(tree):
             if isinstance(n, ast.Attribute) and n.attr == "instance" and isinstance(n.value, ast.Name) \
                     and n.value.id in ("HydraConfig", "GlobalHydra"):
                 found.append(f"{name}:{n.lineno}: {n.value.id}.instance()")
-            if isinstance(n, ast.Attribute):
-                private = n.attr.startswith("_") and not n.attr.startswith("__") and n.attr not in own
-                if private and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls", "super")):
-                    found.append(f"{name}:{n.lineno}: .{n.attr}")
-                if n.attr == "argv" and isinstance(n.value, ast.Name) and n.value.id == "sys" and id(n) not in entry:
-                    found.append(f"{name}:{n.lineno}: sys.argv")
+            if isinstance(n, ast.Attribute) and n.attr == "argv" and isinstance(n.value, ast.Name) \
+                    and n.value.id == "sys" and id(n) not in entry:
+                found.append(f"{name}:{n.lineno}: sys.argv")
         found += [f"{name}: imports {i}" for i in _imports(path, top_level_only=False) if "global_hydra" in i]
     assert not found, found
+
+
+@pytest.mark.parametrize("code, reached", [
+    ("mm = getattr(arrays[kind], '_mmap', None)", ["getattr(..., '_mmap')"]),
+    ("hasattr(module, '_forward_hooks')", ["hasattr(..., '_forward_hooks')"]),
+    ("class B(nn.Module):\n    def f(self):\n        return self._forward_hooks", ["._forward_hooks"]),
+    ("trainer._signal_connector", ["._signal_connector"]),
+    ("class C:\n    def f(self):\n        self._lr = 1\n        return self._lr, getattr(self, '_lr')", []),  # its own
+])
+def test_the_reach_in_finder_sees_each_form(code, reached):
+    """The structure test's finder on each form a reach-in takes, and on a class's own private state."""
+    assert [what for _, what in _private_reach_ins(ast.parse(code), {"_lr"})] == reached

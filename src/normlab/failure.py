@@ -32,7 +32,7 @@ def is_multirun_job() -> bool:
 def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     """Write (or complete) results.json with status "failed"; True if the caller should go on."""
     from normlab.outcome import FINISHED
-    from normlab.run_folder import held_elsewhere, hydra_choices, run_dir_of
+    from normlab.run_folder import held_elsewhere, held_here, hydra_choices, run_dir_of
 
     _merge_start_model(cfg)  # named as train.run names it, also when it failed before merging
     run_dir = run_dir_of(cfg)
@@ -41,7 +41,8 @@ def record_failure(cfg: DictConfig, err: BaseException) -> bool:
     note = log.error if is_multirun_job() else log.debug
     if _belongs_to_another_run(Path(run_dir), cfg):
         note("%s holds another run: its results.json is left as it is", run_dir)
-    elif held_elsewhere(Path(run_dir)):  # the same run training in another process (a bad rerun beside it)
+    elif held_elsewhere(Path(run_dir)) and not held_here(Path(run_dir)):  # the same run training in another
+        # process (a bad rerun beside it); a failed job holds its own folder until this record is written
         note("%s is in use by another process: nothing written there", run_dir)
     elif _status(Path(run_dir)) in FINISHED:  # a finished run stays finished (a typo in its rerun)
         note("%s holds a finished run: its results.json is left as it is", run_dir)

@@ -239,11 +239,14 @@ def labels(cfg: Any) -> dict[str, str]:
     return out | given
 
 
+STUDY_GROUP_PREFIX = "study-"  # a study's runs' W&B group: study-<name>[-<budget>]
+
+
 def study_group(study: str, budget: str | None = None) -> str:
     """A study's W&B group: `study-<name>`, and `study-<name>-<budget>` for another budget than the full
     one, so a smoke test's runs never land in the real study's group (records name their study's
     runs by the full budget's group: study/runner.shared_index)."""
-    return f"study-{study}" + (f"-{budget}" if budget not in (None, "full") else "")
+    return f"{STUDY_GROUP_PREFIX}{study}" + (f"-{budget}" if budget not in (None, "full") else "")
 
 
 def debug_mode(cfg: Any) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
 
 # imported once here, not in global_module_hooks: every residual block's dropout asks it per forward
 from torch.nn.modules import module as _torch_module
@@ -35,12 +34,6 @@ def logs_this_step(module) -> bool:
     return connector is not None and bool(getattr(connector, "should_update_logs", True))
 
 
-def original_signal_handlers(trainer) -> dict[int, Any]:
-    """Lightning: the signal handlers installed before its own (e.g. submitit's), which the
-    preemption callback hands a signal on to."""
-    return getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", {}) or {}
-
-
 def drop_wandb_init_key(logger, key: str) -> None:
     """Lightning's WandbLogger: a keyword it passes to wandb.init (anonymous=None, which wandb warns
     about on every run)."""
@@ -50,6 +43,18 @@ def drop_wandb_init_key(logger, key: str) -> None:
 def global_module_hooks() -> bool:
     """torch: forward hooks registered for every module (a profiler measuring each module's output)."""
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+
+
+def module_hooks(module) -> bool:
+    """torch: forward (pre-)hooks registered on this module (nn.Module has no public query; its own
+    __call__ reads the same dicts to decide whether to run them)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def numpy_mmap(array):
+    """numpy: the mmap.mmap under an np.memmap (None for any other array), for madvise; numpy keeps
+    it in the private `_mmap` (public since no version)."""
+    return getattr(array, "_mmap", None)
 
 
 def tensor_version(t) -> int:

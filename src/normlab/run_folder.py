@@ -37,6 +37,9 @@ from normlab.outcome import FINISHED  # results: not trained again
 
 log = logging.getLogger("normlab")
 RUN_FILE = "run.json"
+OUTPUTS, MULTIRUN = "outputs", "multirun"  # single runs' and sweeps' folders (conf/hydra/default.yaml's run.dir, sweep.dir)
+FULL_PREFIX = "full-step"  # checkpoints/full-step<N>.ckpt: the full-state checkpoints (callbacks/full_checkpoint.py)
+CREATED_FORMAT = "%Y-%m-%d %H:%M:%S"  # run.json's `created` (and the lock's `since`): sorts as text in time order
 CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
                  "arm", "sweep", "debug")
 PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true
@@ -62,10 +65,19 @@ def readable(path: Path) -> dict | None:
         return None
 
 
+def full_checkpoints(ckdir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the full-state checkpoints in a folder, newest first."""
+    found = []
+    for p in Path(ckdir).glob(f"{FULL_PREFIX}*.ckpt"):
+        digits = p.stem[len(FULL_PREFIX):]
+        if digits.isdigit():
+            found.append((int(digits), p))
+    return sorted(found, reverse=True)
+
+
 def start_checkpoint_path(path: str, resume: bool) -> Path:
     """The checkpoint a `resume=` / `finetune=` value names: a file, or a run folder's newest full
     checkpoint (resume) or its best checkpoint, else last.ckpt (finetune)."""
-    from normlab.callbacks.full_checkpoint import full_checkpoints
     from normlab.checkpoint import resolve_checkpoint
 
     key = "resume" if resume else "finetune"
@@ -135,7 +147,7 @@ def run_dir_of(cfg: DictConfig) -> Path:
     if cfg.get("run_dir"):
         return Path(cfg.run_dir)
     name = identity.run_name(cfg)
-    return Path("outputs") / (name if identity.debug_mode(cfg) else existing_name("outputs", name))
+    return Path(OUTPUTS) / (name if identity.debug_mode(cfg) else existing_name(OUTPUTS, name))
 
 
 def start_model(cfg: Any) -> dict[str, Any]:
@@ -185,8 +197,6 @@ class Continuation:
 
 
 def prepare(run_dir: Path, ident: dict, ident_hash: str, name: str, retrain: bool, rank_zero: bool = True) -> Continuation:
-    from normlab.callbacks.full_checkpoint import full_checkpoints
-
     record = _read_json(run_dir / RUN_FILE)
     if record and record.get("identity_hash") != ident_hash and not retrain:
         old, new = _flat(record.get("identity") or {}), _flat(ident)
@@ -220,7 +230,7 @@ def prepare(run_dir: Path, ident: dict, ident_hash: str, name: str, retrain: boo
     out.record = {"identity_hash": ident_hash, "name": name, "attempt": attempt, "identity": ident,
                   "wandb_id": record.get("wandb_id") if attempt == record.get("attempt", 0) and record.get("wandb_id")
                   and record.get("identity_hash") == ident_hash else hashlib.sha256(key.encode()).hexdigest()[:16],
-                  "created": record.get("created") or time.strftime("%Y-%m-%d %H:%M:%S")}
+                  "created": record.get("created") or time.strftime(CREATED_FORMAT)}
     if rank_zero:
         write_json(run_dir / RUN_FILE, out.record)
     return out
@@ -249,6 +259,11 @@ def held_elsewhere(run_dir: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def held_here(run_dir: Path) -> bool:
+    """Whether this process holds the folder (locked()): a failed run's record is written while it does."""
+    return os.path.abspath(run_dir) in _HELD
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -301,7 +316,7 @@ def locked(run_dir: Path, rank_zero: bool = True):
         raise RunFolderInUse(f"{run_dir}: in use by {holder} (the same run started twice); wait for it to end or "
                           "stop it, then rerun to continue") from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime(CREATED_FORMAT)}"
              .encode())
     _HELD.add(key)
     try:

@@ -310,14 +310,19 @@ def _run(spec: RunSpec) -> dict[str, Any]:
                        cpu_s=_rounded(full.cpu_s() if full is not None else cpu_seconds() - cpu0))
         if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
             results["compile_s"] = round(module.compile_seconds, 1)
-        if trainer.is_global_zero:
-            write_json(run_dir / "results.json", results)
-        finish_loggers(loggers, results)
+        try:  # a SIGTERM / SIGUSR1 from fit's end to here is preemption's to record (callbacks/preemption.py)
+            if trainer.is_global_zero:
+                write_json(run_dir / "results.json", results)
+            finish_loggers(loggers, results)
+        finally:
+            if preemption is not None:  # the record is written: the handlers from before the run are back
+                preemption.release()
     if trainer.is_global_zero:
         for line in summary_lines(results):
             log.info(line)
     if stop is not None:  # the handler from before (submitit's), else on SLURM a requeue for SIGUSR1; exit
-        hand_over(stop.signum, stop.before, preemption is not None and preemption.requeue)  # no callback: no requeue
+        before = preemption.handler_before(stop.signum) if preemption is not None else stop.before
+        hand_over(stop.signum, before, preemption is not None and preemption.requeue)  # no callback: no requeue
     for c in callbacks:
         if isinstance(c, Preemption):
             c.after_run()  # on a signal: hand over to the previous handler / requeue, then exit

@@ -37,9 +37,9 @@ from normlab.config import ConfigError
 from normlab.hardware import cpu_seconds
 from normlab.private_api import should_accumulate, validation_due
 from normlab.provenance import code_legs
+from normlab.run_folder import FULL_PREFIX, full_checkpoints  # its files' names (Lightning-free: normlab-runs)
 
 log = logging.getLogger("normlab")
-PREFIX = "full-step"
 # every_n_steps 0 (the debug presets: a debug run starts again anyway) keeps a run from continuing
 NO_CONTINUATION = ("callbacks.full_checkpoint.every_n_steps=0: no full-state checkpoints, so a run killed before "
                    "its end trains again from step 0 (a preemption signal still writes one; README, \"Runs that "
@@ -79,16 +79,6 @@ def _gather(obj: Any, world_size: int) -> list:
         dist.all_gather_object(out, obj)
         return out
     return [obj]
-
-
-def full_checkpoints(ckdir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the full-state checkpoints in a folder, newest first."""
-    found = []
-    for p in Path(ckdir).glob(f"{PREFIX}*.ckpt"):
-        digits = p.stem[len(PREFIX):]
-        if digits.isdigit():
-            found.append((int(digits), p))
-    return sorted(found, reverse=True)
 
 
 class FullStateCheckpoint(Checkpoint):
@@ -156,7 +146,7 @@ class FullStateCheckpoint(Checkpoint):
     def _save(self, trainer: L.Trainer) -> None:
         self._pending = False
         step = trainer.global_step
-        path = self.dirpath / f"{PREFIX}{step}.ckpt"
+        path = self.dirpath / f"{FULL_PREFIX}{step}.ckpt"
         for logger in trainer.loggers:  # the history up to this step is on disk with its state
             logger.save()
         trainer.save_checkpoint(str(path))
@@ -168,7 +158,7 @@ class FullStateCheckpoint(Checkpoint):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if self._stop:
-            raise StopAfterCheckpoint(f"stopped after {PREFIX}{self._last_step}.ckpt")
+            raise StopAfterCheckpoint(f"stopped after {FULL_PREFIX}{self._last_step}.ckpt")
 
     # ---- what --------------------------------------------------------------------------------
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:

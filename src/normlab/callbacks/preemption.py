@@ -19,6 +19,11 @@ last step, or between two DDP syncs) ends the run the same way when training end
 then `after_fit` for one during Lightning's teardown): `preempted` with a checkpoint of the last
 step and no final passes, which the rerun then runs (issue 37: the final scoring had gone on for
 minutes after a SIGTERM in the last step; a job has seconds before SIGKILL follows).
+The handler is the process's from the callback's `setup` (before Lightning installs its own, which
+it then keeps and puts back at its teardown) until train.run has written results.json (`release`):
+a signal after Lightning's teardown, or while results.json is written, is recorded like any other
+and handed over once the record is on disk (was: it met the default action there, which killed the
+run with no results.json, or a half-done record's handler).
 
 `trainer.max_time` (a cap on one invocation) takes the same path when train.py hands its deadline
 here: at the first step boundary past it, a full checkpoint, then the run ends with status
@@ -46,7 +51,7 @@ import torch
 from normlab.callbacks.full_checkpoint import FullStateCheckpoint
 from normlab.config import ConfigError
 from normlab.outcome import RunOutcome, Status
-from normlab.private_api import original_signal_handlers, should_accumulate
+from normlab.private_api import should_accumulate
 from normlab.signals import SIGNALS, hand_over
 
 log = logging.getLogger("normlab")
@@ -81,15 +86,37 @@ class Preemption(L.Callback):
         self.received: int | None = None
         self.outcome = outcome if outcome is not None else RunOutcome()  # train.run's: what the run ended as
         self._replaced: dict[int, Any] = {}  # the handlers ours replace during training (Lightning's)
-        self._before: dict[int, Any] = {}  # the handlers from before Lightning (e.g. submitit's)
-        self._installed = False
+        self._before: dict[int, Any] = {}  # the handlers from before the run (e.g. submitit's)
+        self._installed = False  # ours over Lightning's, during training
+        self._training = False
+        self._released: dict[int, Any] = {}  # _before, once release() has put them back
         self.max_time: float | None = None  # seconds of training in this invocation (train.py sets it)
         self._deadline: float | None = None
 
     # ---- the handler: record only ------------------------------------------------------------
     def _handler(self, signum: int, frame) -> None:
-        log.info("received %s: checkpoint at the end of this step, then stop", signal.Signals(signum).name)
-        self.received = signum
+        then = ("checkpoint at the end of this step, then stop" if self._training
+                else "the run stops once its results are recorded")
+        log.info("received %s: %s", signal.Signals(signum).name, then)
+        if self.received is None:
+            self.received = signum
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        # Before Lightning registers its handlers (Trainer._run: setup hooks, restore, then
+        # register): Lightning keeps ours as the handlers it found and puts them back at its
+        # teardown, so ours hold from here to `release` (the module docstring).
+        if stage != "fit" or self._before or threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.signals:
+            self._before[s] = signal.signal(s, self._handler)
+
+    def release(self) -> None:
+        """train.run, once results.json is written (whatever the run ended as): the handlers from
+        before the run are back; a signal recorded until now is still handed over by `after_run`."""
+        before, self._before = self._before, {}
+        for s, h in before.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._released = before
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         if self.stop_at_step is not None and self.stop_at_step <= trainer.global_step < trainer.max_steps:
@@ -97,13 +124,12 @@ class Preemption(L.Callback):
             self._pause(trainer, "stop_at_step", save=False)
         if self.max_time is not None:
             self._deadline = clock() + self.max_time
+        self._training = True
         # after Lightning's own handlers (registered just before), which ours replace during training
         if threading.current_thread() is not threading.main_thread():
             return
-        original = original_signal_handlers(trainer)
         for s in self.signals:
             self._replaced[s] = signal.signal(s, self._handler)
-            self._before[s] = original.get(s, self._replaced[s])
         self._installed = True
 
     def _uninstall(self) -> None:
@@ -117,8 +143,8 @@ class Preemption(L.Callback):
         # between two DDP syncs) is recorded and nothing acts on it: it ends the run here, preempted
         # as at a step boundary, and FullStateCheckpoint, after this, saves the last step (was: the
         # run was scored in full, minutes after SIGTERM, issue 37). Ours stays installed: Lightning's
-        # teardown, after the train-end hooks, puts back the handlers from before fit.
-        self._installed = False
+        # teardown, after the train-end hooks, puts back the handlers from before fit, ours (setup).
+        self._installed, self._training = False, False
         if trainer.world_size > 1:  # every rank calls this once: all of them end alike
             flag = torch.tensor([float(self.received or 0)], device=pl_module.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -133,9 +159,6 @@ class Preemption(L.Callback):
         Lightning's own handler took (a fit with nothing left to train never installs ours) counts."""
         if self.received is None and trainer.received_sigterm:
             self.received = signal.SIGTERM
-        if self.received is not None and threading.current_thread() is threading.main_thread():
-            # where ours was never installed: after Lightning's teardown, the handler from before fit
-            self._before.setdefault(self.received, signal.getsignal(self.received))
         if self._late() and trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(self.received)
 
@@ -151,6 +174,7 @@ class Preemption(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         self._uninstall()
+        self._training = False
 
     # ---- the decision, at a step boundary (before FullStateCheckpoint looks at it) -------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -194,6 +218,10 @@ class Preemption(L.Callback):
             full.stop_after_save = True
 
     # ---- after train.run has written results.json ------------------------------------------------
+    def handler_before(self, signum: int) -> Any:
+        """The handler this run found for `signum` (submitit's, the default), which it hands over to."""
+        return {**self._released, **self._before}.get(signum)
+
     def after_run(self) -> None:
         if self.received is not None:  # the previous handler, or a requeue on SLURM; then exit
-            hand_over(self.received, self._before.get(self.received), self.requeue)
+            hand_over(self.received, self.handler_before(self.received), self.requeue)

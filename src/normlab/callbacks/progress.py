@@ -177,7 +177,10 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if self.train_progress_bar is not None and self._should_update(step, self.train_progress_bar.total or 0):
+        bar = self.train_progress_bar
+        # every refresh_rate steps and at the last (TQDMProgressBar's rule, on its public settings;
+        # refresh_rate 0 is not enabled)
+        if bar is not None and self.is_enabled and (step % self.refresh_rate == 0 or step == (bar.total or 0)):
             self.train_progress_bar.n = step
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=True)
 

@@ -33,9 +33,13 @@ class Run:
 
     def get(self, key: str) -> Any:
         # labels (norm, init, regularizer, arm) describe the resolved values that ran; the Hydra
-        # choice names only say which file they came from (runs before labels existed fall back to them)
+        # choice names only say which file they came from (runs before labels existed fall back to them).
+        # A study's record says which study and arm hold the run (`study`): before the labels, which
+        # keep the study and arm it was trained as (another study's, for a run two studies share)
         labels = self.results.get("labels") or {}
-        for source in (labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
+        held = self.results.get("study") if isinstance(self.results.get("study"), dict) else {}
+        holder = {k: held[field] for k, field in (("study", "name"), ("arm", "arm")) if held.get(field)}
+        for source in (holder, labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
             if key in source and not isinstance(source[key], dict):
                 return source[key]
         return None

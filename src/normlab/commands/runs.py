@@ -17,9 +17,10 @@ left out. Each row reads what the run wrote (README, "What a run leaves behind")
 - steps: results.json's steps of planned_steps; a run without a record, or one training now, shows
   its newest full checkpoint's step when that is further (the step a rerun continues from);
 - corpus, norm, arm: the labels results.json holds (from the resolved values: normlab/identity.py),
-  else computed from run.json's identity; arm and study: the config's labels.arm / labels.study
-  when the run was started with them (normlab-study sets them), else the study record's, else a
-  study run's W&B group (study-<name>, in results.json or the config); `-` when absent;
+  else computed from run.json's identity; arm and study: a study record's (experiments/<study>/runs/:
+  the study and arm that hold the run), else the config's labels.arm / labels.study when the run was
+  started with them (normlab-study sets them: the study and arm it was trained as), else a study
+  run's W&B group (study-<name>, in results.json or the config); `-` when absent;
 - valid BLEU, test BLEU (the scored checkpoint, beam 4), wall (over all legs), started (run.json's
   creation time; the oldest of the run's files for a folder without one).
 
@@ -41,11 +42,12 @@ import yaml
 
 from normlab import identity
 from normlab.commands.common import CommandError, CommandParser, main_guard
+from normlab.commands.study import SHARED_RUNS
 from normlab.outcome import Status
-from normlab.run_folder import RUN_FILE, held_elsewhere
+from normlab.run_folder import CREATED_FORMAT, MULTIRUN, OUTPUTS, RUN_FILE, full_checkpoints, held_elsewhere
 from normlab.study.damaged import json_object, results_problem
 
-DEFAULT_FOLDERS = ("outputs", "multirun", "studies/runs")
+DEFAULT_FOLDERS = (OUTPUTS, MULTIRUN, str(SHARED_RUNS))  # where train.py and normlab-study put run folders
 TRAINING, NO_RECORD, DAMAGED = "training", "no record", "damaged"
 STATUSES = (TRAINING, *(s.value for s in Status), NO_RECORD, DAMAGED)
 # (JSON key, table header); the JSON keys are the --sort keys
@@ -53,9 +55,7 @@ COLUMNS = (("run", "run"), ("status", "status"), ("steps", "steps"), ("corpus", 
            ("arm", "arm"), ("study", "study"), ("seed", "seed"), ("valid_bleu", "valid BLEU"),
            ("test_bleu", "test BLEU"), ("wall_s", "wall"), ("started", "started"))
 SORT_KEYS = tuple(key for key, _ in COLUMNS)
-STARTED_FORMAT = "%Y-%m-%d %H:%M:%S"  # run_folder.prepare's `created`: sorts as text in time order
 ABSENT = "-"
-FULL_PREFIX = "full-step"
 
 
 # ---------------------------------------------------------------- finding run folders
@@ -139,30 +139,29 @@ def _computed_labels(record: dict, config: dict) -> dict:
 def _started(folder: Path, record: dict) -> str:
     created = record.get("created")
     try:
-        time.strptime(str(created), STARTED_FORMAT)
+        time.strptime(str(created), CREATED_FORMAT)
         return str(created)
     except ValueError:
         pass
     for name in (".hydra/config.yaml", RUN_FILE, "results.json", "."):  # the first written first
         try:
-            return time.strftime(STARTED_FORMAT, time.localtime((folder / name).stat().st_mtime))
+            return time.strftime(CREATED_FORMAT, time.localtime((folder / name).stat().st_mtime))
         except OSError:
             continue
     return ""
 
 
 def checkpoint_step(folder: Path) -> int | None:
-    """The newest full checkpoint's step, from its name (checkpoints/full-step<N>.ckpt, as
-    callbacks/full_checkpoint.py names them; read here without importing Lightning, seconds of a
-    listing's start)."""
-    steps = [int(p.stem[len(FULL_PREFIX):]) for p in (folder / "checkpoints").glob(f"{FULL_PREFIX}*.ckpt")
-             if p.stem[len(FULL_PREFIX):].isdigit()]
-    return max(steps, default=None)
+    """The newest full checkpoint's step, from its name (run_folder.full_checkpoints: Lightning is
+    not imported, seconds of a listing's start)."""
+    found = full_checkpoints(folder / "checkpoints")
+    return found[0][0] if found else None
 
 
 def _study_of_group(group: Any) -> str | None:
-    # the study runner groups its runs as study-<name> (study/runner.py)
-    return group[len("study-"):] if isinstance(group, str) and group.startswith("study-") else None
+    # the study runner groups its runs as study-<name> (identity.study_group)
+    prefix = identity.STUDY_GROUP_PREFIX
+    return group[len(prefix):] if isinstance(group, str) and group.startswith(prefix) else None
 
 
 def read_row(folder: Path, shown: str) -> dict:
@@ -187,8 +186,10 @@ def read_row(folder: Path, shown: str) -> dict:
                  if isinstance(s, int) and not isinstance(s, bool)), None)
     return {"run": shown, "path": str(folder.resolve()), "status": status, "steps": steps, "planned_steps": planned,
             "corpus": labels.get("data"), "norm": labels.get("norm"),
-            "arm": given.get("arm") or study_record.get("arm") or labels.get("arm"),
-            "study": given.get("study") or res_labels.get("study") or study_record.get("name")
+            # a study's record names the study and arm that hold the run; the labels, the ones it
+            # was trained as (another study's, for a run two studies share: docs/studies.md)
+            "arm": study_record.get("arm") or given.get("arm") or labels.get("arm"),
+            "study": study_record.get("name") or given.get("study") or res_labels.get("study")
             or _study_of_group(results.get("group") or config.get("group")),
             "seed": seed, "valid_bleu": _number(results.get("valid_bleu")),
             "test_bleu": _number(results.get("test_bleu")), "wall_s": _number(results.get("wall_s")),

@@ -30,6 +30,9 @@ from pathlib import Path
 
 from normlab.errors import CommandParser, UserError, report, show_tracebacks, user_error_types
 
+STUDIES = Path("studies")  # a study's run folders and logs (not in the repository)
+SHARED_RUNS = STUDIES / "runs"  # one pool of run folders for every full-budget study
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = CommandParser(prog="normlab-study", description=__doc__.split("\n\n")[0],
@@ -137,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {load_study(name).title}")
         return 0
     study = load_study(args.name, args.budget)
-    base = Path("studies") / (study.name if study.budget == "full" else f"{study.name}-{study.budget}")
+    base = STUDIES / (study.name if study.budget == "full" else f"{study.name}-{study.budget}")
     out = Path(args.out) if args.out else (Path("experiments") / study.name if study.budget == "full"
                                            else base / "experiment")
     # one pool of run folders for every full-budget study: a run is named by its identity, so two
     # studies that share an arm (the same resolved config) share its runs
-    runs = Path(args.runs) if args.runs else (Path("studies") / "runs" if study.budget == "full" else base / "runs")
+    runs = Path(args.runs) if args.runs else (SHARED_RUNS if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
     if args.verify is not None:

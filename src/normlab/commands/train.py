@@ -13,7 +13,10 @@ NORMLAB_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) shows the traceback instead.
 
 A second copy of a running command (its run folder held by another process: run_folder.locked) is
 refused before it writes anything there, .hydra/ and the log included: one line, exit status 2. In
-a multirun each refused job prints its line, the other jobs run, and the multirun exits 2.
+a multirun each refused job prints its line, the other jobs run, and the multirun exits 2 with a line
+naming the sweep folder. Under a launcher that runs each job in a process of its own
+(hydra/launcher=submitit_local, slurm) a refused job's line goes to its log there, and the multirun,
+once its jobs have run, prints the first refused job's line and exits 2 as well.
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ def train_user_errors() -> tuple[type[BaseException], ...]:
 
 
 _failed: list[BaseException] = []  # the error of a single run, raised again by main()
-_refused: list[Path] = []  # multirun jobs whose folder another process holds: main() exits non-zero
+_refused: list[Path] = []  # the sweep folder of each multirun job whose folder another process holds: exit 2
+_main_process: list[int] = []  # main()'s process: a job in another one (a launcher's worker) cannot add to _refused
 HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job (save_hydra_record)
 
 
@@ -66,28 +70,35 @@ def task(cfg: DictConfig) -> float | None:
 
     normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    single = not is_multirun_job()
     try:
         # Held before anything is written into the folder: a second copy of a running command is
-        # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already)
+        # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already),
+        # and until a failed run's record is written (a copy started meanwhile would have taken the
+        # folder between the run's end and its record)
         with locked(run_dir, rank_zero()):
-            if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
-                save_hydra_record(run_dir, cfg)
-            validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
-            from normlab.callbacks.progress import console_setup
-            from normlab.train import run
+            try:
+                if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
+                    save_hydra_record(run_dir, cfg)
+                validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+                from normlab.callbacks.progress import console_setup
+                from normlab.train import run
 
-            console_setup()  # before the Trainer prints its first lines
-            results = run(cfg)
-    except Exception as err:
-        single = not is_multirun_job()
-        if isinstance(err, RunFolderInUse):  # the folder is another process's: write nothing there
-            refuse(err, run_dir, single)
-            return None
-        if not (single and isinstance(err, train_user_errors())
-                and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
-            record_failure(cfg, err)  # results.json status failed; a multirun goes on
-        if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
-            _failed.append(err)
+                console_setup()  # before the Trainer prints its first lines
+                results = run(cfg)
+            except Exception as err:
+                if not (single and isinstance(err, train_user_errors())
+                        and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
+                    record_failure(cfg, err)  # results.json status failed; a multirun goes on
+                if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
+                    _failed.append(err)
+                return None
+    except RunFolderInUse as err:  # the folder is another process's: write nothing there
+        refuse(err, run_dir, None if single else Path(HydraConfig.get().sweep.dir))
+        if not single and os.getpid() not in _main_process:
+            # a launcher's worker (submitit, joblib): the job fails, so that Hydra's sweeper raises the
+            # refusal in main()'s process once the jobs have run, and the multirun exits 2 there too
+            raise
         return None
     return objective(results)
 
@@ -111,10 +122,11 @@ def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
         atomic_write_bytes(out / name, lambda f, text=text: f.write(text))  # a kill leaves old or new, never half
 
 
-def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
+def refuse(err: BaseException, run_dir: Path, sweep: Path | None) -> None:
     """A job whose folder another process holds wrote nothing there, and adds nothing: the log file
     Hydra opened there for it is closed (it is the holder's; a sweep's next launch line would land in
-    it), its one line goes to stderr (main() prints a single run's), a multirun counts it."""
+    it), its one line goes to stderr (main() prints a single run's), a multirun (`sweep`: its
+    folder) counts it."""
     import logging
 
     root, folder = logging.getLogger(), Path(os.path.abspath(run_dir))
@@ -122,11 +134,19 @@ def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
             root.removeHandler(handler)
             handler.close()
-    if single:
+    if sweep is None:
         _failed.append(err)
     else:
         print(one_line(err), file=sys.stderr, flush=True)
-        _refused.append(run_dir)
+        _refused.append(sweep)
+
+
+def refused_line(sweeps: list[Path]) -> str:
+    """The multirun's closing line, in the house form `error: <where>: <what>`: where is the sweep
+    folder (several, if the sweeper moved between folders)."""
+    where = ", ".join(str(s) for s in dict.fromkeys(sweeps))
+    return one_line(UserError(where, f"{len(sweeps)} job(s) of this multirun did not run: their run folders are in "
+                                     "use by another process (above); rerun the same command once it ends"))
 
 
 def objective(results: dict) -> float | None:
@@ -144,10 +164,10 @@ def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
     run's identity record (run.json, written before the data is read) and its tokenizer (a copy of
     the data's or the start checkpoint's, saved before the start weights are checked), and its
     parents that are left empty (up to the working directory); never a folder with a run's work
-    (checkpoints, results)."""
-    from normlab.run_folder import RUN_FILE
+    (checkpoints, results). Called while the folder is held: its lock file goes with it."""
+    from normlab.run_folder import LOCK_FILE, RUN_FILE
 
-    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE, "tokenizer"}
+    hydra_own = {".hydra", f"{job_name}.log", RUN_FILE, "tokenizer", LOCK_FILE}
     if not run_dir.is_dir() or any(p.name not in hydra_own for p in run_dir.iterdir()):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -209,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trace
     _failed.clear()
     _refused.clear()
+    _main_process[:] = [os.getpid()]
     try:
         with hydra_app_argv(argv), _root_logging_restored():
             app()
         if _failed:
             raise _failed.pop()
         if _refused:  # the other jobs ran; each refused one printed its line when it was refused
-            print(f"error: {len(_refused)} job(s) of this multirun did not run: their run folders are in use by "
-                  "another process (above); rerun the same command once it ends", file=sys.stderr)
+            print(refused_line(_refused), file=sys.stderr)
             return EXIT_USER_ERROR
     except SystemExit as e:  # --help, argparse errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

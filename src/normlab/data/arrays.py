@@ -72,8 +72,10 @@ class TokenArray:
         # Batches read scattered sentences: without MADV_RANDOM every page fault reads ahead ~128 KB
         # around it, and a 4M-pair run's resident memory grew by ~400 MB of page cache in 20 steps
         # that it never reads (benchmarks/data_pipeline.py). Lengths are read whole: readahead helps.
+        from normlab.private_api import numpy_mmap  # (torch: not at import, the preprocess command is torch-free)
+
         for kind in ("tokens", "offsets"):
-            mm = getattr(arrays[kind], "_mmap", None)
+            mm = numpy_mmap(arrays[kind])
             if mm is not None and hasattr(mmap, "MADV_RANDOM"):
                 mm.madvise(mmap.MADV_RANDOM)
         return cls(arrays["tokens"], arrays["offsets"], arrays["lengths"], files)

@@ -214,7 +214,7 @@ class Seq2SeqTransformer(nn.Module):
         scaled = isinstance(self.decoder.final_norm, ScaleNorm)
         self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled)
         init_model_(self)
-        self._register_load_state_dict_pre_hook(_fixnorm_scale_moved, with_module=True)
+        self.register_load_state_dict_pre_hook(_fixnorm_scale_moved)  # hook(module, state_dict, prefix, ...)
 
     @classmethod
     def from_config_dict(cls, d: Mapping) -> "Seq2SeqTransformer":

@@ -138,7 +138,7 @@ class LayerDropModuleList(nn.ModuleList):
 
     def __repr__(self) -> str:
         # ModuleList's repr iterates `self`, which in training would draw (and advance the counter).
-        lines = [f"({i}): " + repr(m).replace("\n", "\n  ") for i, m in self._modules.items()]
+        lines = [f"({i}): " + repr(m).replace("\n", "\n  ") for i, m in enumerate(super().__iter__())]
         return f"LayerDropModuleList({self.extra_repr()}\n  " + "\n  ".join(lines) + "\n)"
 
     def subset(self, keep: list[int]) -> "LayerDropModuleList":

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from normlab.outcome import FINISHED
+from normlab.run_folder import full_checkpoints
 from normlab.study.runner import (Job, damaged_job, prune_command, record_done, run_results, run_summary, shared_index,
                                   shared_source)
 from normlab.study.spec import Study
@@ -33,8 +34,7 @@ _STEP = re.compile(r"step (\d+)/(\d+)(?:.*?\| eta (\d+:\d\d:\d\d))?")
 def log_progress(run_dir: Path) -> tuple[int, int | None, int | None, str]:
     """(the step of its last full checkpoint, the step its log last reached, the steps planned, the
     training time left its log last estimated)."""
-    ckpts = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("full-step*.ckpt")
-             if (m := re.fullmatch(r"full-step(\d+)\.ckpt", p.name))]
+    ckpts = [step for step, _ in full_checkpoints(run_dir / "checkpoints")]
     last = planned = None
     eta = ""
     try:
