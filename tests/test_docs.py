@@ -12,6 +12,8 @@ from conftest import ROOT
 
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
+# experiments/: the index, the studies' generated READMEs (study/readme.py) and the earlier studies' pages
+EXPERIMENTS = sorted(p for p in (ROOT / "experiments").rglob("*.md") if "runs" not in p.relative_to(ROOT).parts)
 JOBS = ("One run", "A sweep and its report", "A study", "The W&B dashboard")  # the README's four sections
 
 
@@ -104,9 +106,54 @@ def test_each_job_has_a_readme_section_with_an_example_and_its_page(job):
     assert "```bash\n" in section and re.search(r"\]\(docs/[\w-]+\.md(#[\w-]+)?\)", section), job
 
 
-@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [README, *PAGES, *EXPERIMENTS], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
-    assert broken_links(page) == []
+    # the index lists every study: one whose first run has not written its folder yet is linked ahead
+    studies = {s.stem for s in (ROOT / "conf" / "study").glob("*.yaml")}
+
+    def ahead(broken: str) -> bool:
+        m = re.fullmatch(r"experiments/README\.md:\d+: (\w+)/ \(no such file\)", broken)
+        return m is not None and m[1] in studies
+
+    assert [b for b in broken_links(page) if not ahead(b)] == []
+
+
+def readme_sections_cited(text: str) -> list[str]:
+    """The sections of the root README a text names in words: `README, "Section"`, `README "Section"`
+    or `README, Section)` (a paper's README, `the authors' README`, names no section)."""
+    quoted = re.findall(r'(?<![\w/.])README(?:\.md)?,? "([^"]+)"', text)  # (benchmarks/README.md: another README)
+    bare = re.findall(r"(?<![\w/.])README(?:\.md)?, ([A-Z][\w -]*?)[):;]", text)
+    return quoted + bare
+
+
+def test_readme_sections_cited_in_words_are_found():
+    assert readme_sections_cited('see README, Determinism): x; (README "Studies: one, two") and '
+                                 'README, "Runs that survive"; the authors\' README; dlcl README: 29.3; '
+                                 '(benchmarks/README.md, "Hyper-connections")') == [
+        "Studies: one, two", "Runs that survive", "Determinism"]
+
+
+@pytest.mark.parametrize("page", [README, *PAGES, *EXPERIMENTS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_sends_the_reader_to_a_readme_section_that_moved(page):
+    """The README's sections moved to docs/ (issue 37 item 9): a page that still names one in words
+    ("README, Determinism") names nothing; it links the docs/ page instead."""
+    headings = set(re.findall(r"^#{1,6} (.+)$", without_blocks(README.read_text(encoding="utf-8")), flags=re.M))
+    assert [c for c in readme_sections_cited(page.read_text(encoding="utf-8")) if c not in headings] == []
+
+
+def test_a_study_readme_links_the_docs_from_where_it_is_written(tmp_path):
+    """study/readme.docs_link: a relative link from experiments/<study>/ (or any folder of the
+    checkout) that resolves to the section; plain text from outside the checkout."""
+    from normlab.study.readme import docs_link
+
+    for out in (ROOT / "experiments" / "twt_lowres", ROOT / "studies" / "x-smoke" / "experiment"):
+        text = docs_link(out, "results-and-determinism.md", "Determinism")
+        target = re.fullmatch(r"\[docs/results-and-determinism\.md, Determinism\]\((.+)\)", text)[1]
+        path, _, anchor = target.partition("#")
+        assert (out / path).resolve() == ROOT / "docs" / "results-and-determinism.md"
+        assert anchor in anchors(ROOT / "docs" / "results-and-determinism.md")
+    assert docs_link(tmp_path, "results-and-determinism.md", "Determinism") == (
+        "docs/results-and-determinism.md, Determinism")
 
 
 def test_what_the_code_cites_of_the_docs_is_there():

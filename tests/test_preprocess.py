@@ -3,6 +3,7 @@ and the one-line errors for damaged or stale folders."""
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -355,3 +356,18 @@ def test_every_file_is_synced_before_the_folder_is_published(small_corpus, tmp_p
     names = {Path(p).name for p in synced}
     written = {p.name for p in (tmp_path / "bin").iterdir()}
     assert written <= names, sorted(written - names)  # every file, the texts and the manifest included
+
+
+def test_a_vocabulary_sentencepiece_refuses_is_the_only_line(small_corpus, tmp_path):
+    """No progress line before the refusal (was: `tokenizer: training bpe (vocab 100000) on ...`,
+    then the error); the progress line comes once the tokenizer is trained."""
+    d = Path(small_corpus["train_src"]).parent
+    base = ["--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
+            "--src-lang", "de", "--tgt-lang", "en", "--workers", 1]
+    rc, err = run_cli(*base, "--vocab-size", 100000, "--out", tmp_path / "x")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {d / 'train.de'}: sentencepiece cannot train on its ") and "Vocabulary size too " \
+        "high (100000)" in err, err
+    assert not (tmp_path / "x").exists()
+    rc, err = run_cli(*base, "--vocab-size", 300, "--out", tmp_path / "y")
+    assert rc == 0 and re.search(r"tokenizer: trained bpe \(vocab 300\) on \d+ lines in [\d.]+ s", err), err

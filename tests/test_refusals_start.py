@@ -83,3 +83,22 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_that_says_so(key, make, wha
     assert line.startswith(f"error: {path}: {what}"), line
     assert "Python object" not in line and "weights_only" not in line
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("key", ["finetune", "resume"])
+def test_a_checkpoint_without_its_tokenizer_is_refused_before_the_corpus_is_read(key, start, small_corpus,
+                                                                                 tmp_path):
+    """Weights without the tokenizer they were trained with (a model saved without tokenizer_proto):
+    their embedding rows cannot be matched to this corpus's token ids (translate and evaluate refuse
+    such a file too). Refused before any work, the corpus unread (was: the corpus was read and a
+    tokenizer trained first; then a vocabulary of another size was refused as weights that do not
+    fit, and one of the same size trained on, whatever ids the weights had learnt)."""
+    ckpt = torch.load(start, map_location="cpu", weights_only=True)
+    del ckpt["tokenizer_proto"]
+    path = tmp_path / "no_tokenizer.ckpt"
+    torch.save(ckpt, path)
+    line = refused(_args(small_corpus, tmp_path, f"{key}={path}", "trainer.max_steps=4"), tmp_path)
+    assert line == (f"error: {key}={path}: not a normlab checkpoint (no tokenizer_proto): the token ids its weights "
+                    "were trained on cannot be matched to this corpus's; start from a checkpoint a normlab run wrote "
+                    "(<run>/checkpoints/*.ckpt)"), line
+    assert not (tmp_path / "new").exists() and not (tmp_path / "cache").exists()  # refused before the corpus

@@ -213,3 +213,29 @@ def test_seeds_of_one_config_pool_without_a_warning(sweep, tmp_path, capsys):
     table = report.build_table(runs, ["arm"], ["norm.placement"], "test_bleu")
     assert table["cells"][(("post_ln",), ("post",))]["pooled"] == {"model.decoder_layers": [2, 6],
                                                                    "model.encoder_layers": [2, 6]}
+
+
+@pytest.mark.parametrize("damage, what", [
+    ('[{"status": "completed", "test_bleu": 30.0}]', "a JSON list, not a JSON object"),
+    ('{"status": "completed", "test_bl', "not JSON (cut off at byte 32?)"),
+    ('"completed"', "a JSON string, not a JSON object"),
+])
+def test_a_damaged_results_json_is_one_line_and_the_run_is_missing(damage, what, sweep, tmp_path, capsys):
+    """results.json that is not an object (a list: `report` crashed on `.get` with a traceback) or is
+    cut off (it counted as a failed run): named in one line, the run left out as missing, the file
+    as it was; the rest of the report is unchanged."""
+    from normlab.commands.common import main_guard
+
+    bad = sweep / "8" / "results.json"  # admin, depth 6, seed 2
+    bad.write_text(damage)
+    out = tmp_path / "r"
+    assert main_guard(report.main, [str(sweep), "--rows", "arm", "--cols", "model.encoder_layers", "--out", str(out),
+                                    "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith(("warning:", "error:"))] == [
+        f"warning: {bad}: {what}: the run is left out of the report (as missing)"] and "Traceback" not in err
+    assert bad.read_text() == damage
+    table = report.build_table(report.find_runs([str(sweep)]), ["arm"], ["model.encoder_layers"], "test_bleu",
+                               expect_seeds=2)
+    assert cells(table)[("admin", 6)] == "diverged 1/1, 1/2 missing"  # was: a traceback, or a failed run
+    assert cells(table)[("post_ln", 2)] == "11.00 ± 1.41"

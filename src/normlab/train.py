@@ -204,13 +204,18 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     start_state = readable(start_ckpt) if start_ckpt else None
     if start_ckpt is not None and start_state is None:
         raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
+    if start_state is not None and "tokenizer_proto" not in start_state:  # as translate / evaluate refuse it
+        raise ConfigError(f"{'finetune' if spec.finetune else 'resume'}={start}",
+                          "not a normlab checkpoint (no tokenizer_proto): the token ids its weights were trained "
+                          "on cannot be matched to this corpus's; start from a checkpoint a normlab run wrote "
+                          "(<run>/checkpoints/*.ckpt)")
     done = int((start_state or {}).get("global_step") or 0)
     if spec.resume and cont.checkpoint is None and 0 < spec.max_steps <= done:
         raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
                                              f"{spec.max_steps} leaves nothing to train (set it above {done}, "
                                              "or use finetune= to start the step count afresh)")
     tok, module = None, None
-    if start_state is not None and "tokenizer_proto" in start_state:  # the model's own vocabulary
+    if start_state is not None:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
 
         tok = Tokenizer.from_proto(start_state["tokenizer_proto"])

@@ -22,6 +22,8 @@ A cell is:
 - `missing`: an expected cell (observed row values × observed column values) with no run at all;
   with --expect-seeds N, a cell with fewer runs says `(k/N missing)`;
 - `n/a`: completed runs without this metric (e.g. test_bleu when eval.test=false).
+A results.json that cannot be read (cut off, not a JSON object) is named in one warning line and its
+run left out, as missing (report_runs.load_run).
 A cell whose runs differ in a resolved config key other than the seed and the table's keys (three
 learning rates of post-LN under `--rows norm`) gets one warning line naming the keys. A study's runs
 carry their study arm (results.json labels.arm), so `--rows arm` keeps a study's arms apart.

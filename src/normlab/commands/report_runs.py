@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 import normlab.resolvers  # noqa: F401  (a run's saved config is unresolved: nl.val_interval reads it)
 from normlab.commands.common import CommandError
+from normlab.json_file import json_object
 from normlab.outcome import FINISHED, UNFINISHED
 
 # Statuses a run records itself (normlab/outcome.py): diverged and stalled runs are results, not
@@ -36,8 +38,8 @@ class Run:
         # choice names only say which file they came from (runs before labels existed fall back to them).
         # A study's record says which study and arm hold the run (`study`): before the labels, which
         # keep the study and arm it was trained as (another study's, for a run two studies share)
-        labels = self.results.get("labels") or {}
-        held = self.results.get("study") if isinstance(self.results.get("study"), dict) else {}
+        labels = _dict(self.results.get("labels"))
+        held = _dict(self.results.get("study"))
         holder = {k: held[field] for k, field in (("study", "name"), ("arm", "arm")) if held.get(field)}
         for source in (holder, labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
             if key in source and not isinstance(source[key], dict):
@@ -110,16 +112,18 @@ def _overrides(job: Path) -> dict:
     return out
 
 
-def load_run(job: Path) -> Run:
+def load_run(job: Path) -> Run | None:
+    """The job folder as a Run; None, named in one line on stderr, when its results.json is damaged
+    (cut off, not JSON, not an object): the report leaves it out, as a missing run, and the file as
+    it is."""
     res_path = job / "results.json"
-    results = {}
-    if res_path.is_file():
-        try:
-            results = json.loads(res_path.read_text())
-        except ValueError as e:
-            results = {"status": "failed", "error": f"unreadable results.json: {e}"}
+    results, problem = json_object(res_path)
+    if problem:
+        print(f"warning: {res_path}: {problem}: the run is left out of the report (as missing)", file=sys.stderr)
+        return None
+    results = results or {}
     config = flat_config(job / ".hydra" / "config.yaml") if (job / ".hydra" / "config.yaml").is_file() else {}
-    choices = {**(results.get("choices") or {}), **_hydra_choices(job)}
+    choices = {**_dict(results.get("choices")), **_hydra_choices(job)}
     status = results.get("status")
     error = results.get("error")
     if not results and time.time() - _last_write(job) < RUNNING_WINDOW_S:
@@ -146,7 +150,11 @@ def find_runs(roots: list[str]) -> list[Run]:
             raise CommandError(f"{root} is not a folder")
         jobs |= {p.parent for p in root.rglob("results.json")}
         jobs |= {p.parent.parent for p in root.rglob(".hydra/config.yaml")}
-    return [load_run(j) for j in sorted(jobs)]
+    return [run for run in map(load_run, sorted(jobs)) if run is not None]
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def wandb_runs(path: str, group: str | None) -> list[Run]:

@@ -87,13 +87,15 @@ def preprocess(files: dict[str, tuple[str | Path, str | Path]], out: str | Path,
             if not lines:
                 raise CorpusError(f"empty corpus: every line pair of {files['train'][0]} / {files['train'][1]} "
                                   "has an empty side (no text to learn a vocabulary from)")
-            if not own_cache:  # the command's progress (a run says what its cache holds once it accepts it)
-                log.info("tokenizer: training %s (vocab %d) on %d lines", spm.model_type, spm.vocab_size, len(lines))
             try:
                 tokenizer = Tokenizer.train(lines, spm.vocab_size, spm.model_type, spm.character_coverage, spm.seed)
             except RuntimeError as e:  # e.g. a vocabulary larger than these lines allow
                 raise CorpusError(f"{files['train'][0]}: sentencepiece cannot train on its {len(lines)} sampled "
                                   f"training lines: {str(e).split('] ')[-1]}") from None
+            if not own_cache:  # the command's progress (a run says what its cache holds once it accepts it); after
+                # the training, so that a vocabulary sentencepiece refuses is the one line the command prints
+                log.info("tokenizer: trained %s (vocab %d) on %d lines in %.1f s", spm.model_type, spm.vocab_size,
+                         len(lines), time.perf_counter() - t1)
             del lines
         (tmp / MODEL_FILE).write_bytes(tokenizer.proto)
         t2 = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -19,6 +20,20 @@ from normlab.study.records import Record
 from normlab.study.screen_report import screen_lines
 from normlab.study.spec import Study
 from normlab.study.verdict_text import claims_lines, fmt
+
+
+CHECKOUT = Path(__file__).resolve().parents[3]  # the docs/ a README in experiments/ links to
+
+
+def docs_link(out: Path, page: str, section: str) -> str:
+    """A link from a README written in `out` to a section of a docs/ page (the README's sections moved
+    there); the page and section as text where `out` is outside this checkout."""
+    text = f"docs/{page}, {section}"
+    target, here = CHECKOUT / "docs" / page, out.resolve()
+    if not target.is_file() or CHECKOUT not in here.parents:
+        return text
+    anchor = re.sub(r"[^\w\- ]", "", section.lower()).replace(" ", "-")  # GitHub's heading anchor
+    return f"[{text}]({os.path.relpath(target, here)}#{anchor})"
 
 
 def mean_sd(values: list[float]) -> str:
@@ -197,7 +212,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
               *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
                  f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
               *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: "
-                 f"docs/results-and-determinism.md, Determinism): {c['cpus']}.", ""]
+                 f"{docs_link(out, 'results-and-determinism.md', 'Determinism')}): {c['cpus']}.", ""]
                 if study.kind != "probe" and c.get("cpus") else []),
               *screen_lines(study, out, max(c["steps"] or [0]) or None),
               "## Claims", "", *claims_lines(claims), *change_lines(changes), *moved_lines(out)]
