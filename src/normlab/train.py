@@ -27,7 +27,7 @@ from normlab.callbacks.stall import StallGuard
 from normlab.checkpoint import CheckpointError, load_checkpoint, write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
-from normlab.callbacks import instantiate_callbacks
+from normlab.callbacks import RunValues, instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.hardware import cpu_info, cpu_seconds, cpu_text
 from normlab.lit_module import Seq2SeqModule
@@ -44,11 +44,11 @@ from normlab.signals import Signalled, hand_over
 log = logging.getLogger("normlab")
 
 
-def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: bool = False) -> list:
-    """Every `_target_` node of `nodes` (the config's `callbacks`: normlab.callbacks), the ones that
-    can end a run given the run's `outcome`; when fine-tuning, not Admin's initialisation: the
-    weights, ω included, come from the checkpoint."""
-    callbacks = instantiate_callbacks(nodes, outcome)
+def build_callbacks(nodes: Any, values: RunValues | None = None, finetune: bool = False) -> list:
+    """Every `_target_` node of `nodes` (the config's `callbacks`: normlab.callbacks), each given the
+    run's `values` it takes (the run's outcome to the ones that can end a run, ...); when
+    fine-tuning, not Admin's initialisation: the weights, ω included, come from the checkpoint."""
+    callbacks = instantiate_callbacks(nodes, values)
     if finetune:
         from normlab.callbacks.admin_init import AdminInit
 
@@ -187,7 +187,9 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     code = code_version() if rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
     run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
-    callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
+    seconds = max_time_seconds(spec.max_time) if spec.max_time else None  # ours: at a step boundary, checkpointed
+    values = RunValues(outcome=outcome, optim=spec.optim, started=t0, code=code, max_time=seconds)
+    callbacks = build_callbacks(spec.callbacks, values, spec.finetune)  # a bad setting fails here, before any work
     cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, rank_zero())
     if cont.finished is not None:
         r = cont.finished
@@ -234,18 +236,13 @@ def _run(spec: RunSpec) -> dict[str, Any]:
     histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
     loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
                             config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
-    if full is not None:
-        full.started, full.code = t0, code
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
     # own, which prints "Epoch 0/-2" bars into redirected logs.
     bar = any(isinstance(c, ProgressBar) for c in callbacks)
     overrides = dict(spec.trainer_overrides)
     stall = next((c for c in callbacks if isinstance(c, StallGuard)), None)
-    if stall is not None and spec.resume and cont.checkpoint is None:
-        stall.carry_end = False  # resume= another run's checkpoint: its stall, if any, is not this run's
     preemption = next((c for c in callbacks if isinstance(c, Preemption)), None)
-    if spec.max_time and preemption is not None:  # ours: at a step boundary, checkpointed
-        preemption.max_time = max_time_seconds(spec.max_time)
+    if spec.max_time and preemption is not None:  # preemption has the cap (RunValues.max_time), not Lightning
         overrides["max_time"] = None
     trainer: L.Trainer = hydra.utils.instantiate(spec.trainer, logger=loggers or False, callbacks=callbacks,
                                                  plugins=_plugins(), default_root_dir=str(run_dir),
@@ -304,7 +301,7 @@ def _run(spec: RunSpec) -> dict[str, Any]:
                        cpu=cpu_info(),  # the host's CPU and kernel path (hardware.py), on a GPU run too
                        code=code,  # this leg's; code_legs: every leg's commit, from which step
                        code_legs=_code_legs(code, full, cont, start_state if spec.resume else None),
-                       train_tokens_per_s=round(module.train_tokens_per_s, 1),
+                       train_tokens_per_s=round(module.stats.tokens_per_s, 1),
                        wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1),
                        # rank 0's process, over all legs (null: a leg from before it was counted)
                        cpu_s=_rounded(full.cpu_s() if full is not None else cpu_seconds() - cpu0))
