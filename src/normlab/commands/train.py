@@ -77,7 +77,7 @@ def task(cfg: DictConfig) -> float | None:
             from normlab.train import run
 
             console_setup()  # before the Trainer prints its first lines
-            results = run(cfg)
+            result = run(cfg)  # a RunResult (run_result.py)
     except Exception as err:
         single = not is_multirun_job()
         if isinstance(err, RunFolderInUse):  # the folder is another process's: write nothing there
@@ -89,7 +89,7 @@ def task(cfg: DictConfig) -> float | None:
         if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
             _failed.append(err)
         return None
-    return objective(results)
+    return result.objective()  # what an Optuna sweeper maximises
 
 
 def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
@@ -127,16 +127,6 @@ def refuse(err: BaseException, run_dir: Path, single: bool) -> None:
     else:
         print(one_line(err), file=sys.stderr, flush=True)
         _refused.append(run_dir)
-
-
-def objective(results: dict) -> float | None:
-    """The value an Optuna sweeper maximises: valid BLEU (None: a failed trial). A stalled run is scored
-    by its loss only (final_test.py): 0.0, the BLEU a model at its input-independent floor decodes to
-    (every stalled study record that was decoded: 0.0), so TPE learns that its settings fail rather
-    than leaving the trial out as failed."""
-    if results.get("status") == "stalled" and results.get("valid_bleu") is None:
-        return 0.0
-    return results.get("valid_bleu")
 
 
 def discard_if_untouched(run_dir: Path, job_name: str) -> bool:
