@@ -55,7 +55,7 @@ class StepClock(Callback):
             torch.cuda.reset_peak_memory_stats()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        loss, _, ntok = module.last_train_stats  # sums over the batch's target tokens (lit_module.py)
+        loss, _, ntok = module.stats.step_sums  # sums over the batch's target tokens (lit_module.TrainStats)
         self.losses.append(loss.float() / max(ntok, 1))
         if self.t0 is not None:
             self.tokens += ntok

@@ -30,6 +30,7 @@ def _module(small: bool):
     from omegaconf import OmegaConf
 
     from normlab.lit_module import Seq2SeqModule
+    from normlab.settings import EvalSpec, OptimSpec
 
     model = OmegaConf.to_container(OmegaConf.load(P.ROOT / "conf/model/tiny.yaml"))
     model.pop("defaults", None)
@@ -38,7 +39,7 @@ def _module(small: bool):
         model.update(d_model=32, encoder_ffn=64, decoder_ffn=64, encoder_layers=1, decoder_layers=1)
     optim = OmegaConf.to_container(OmegaConf.load(P.ROOT / "conf/optim/adam_inverse_sqrt.yaml"))
     cfg = dict(model, vocab_size=1000 if small else 8000, norm={"placement": "pre"})
-    return Seq2SeqModule(cfg, optim=optim, eval={"valid_bleu": False})
+    return Seq2SeqModule(cfg, optim=OptimSpec.of(optim), eval=EvalSpec(valid_bleu=False))
 
 
 class _Clock:

@@ -10,6 +10,7 @@ from normlab.callbacks.divergence import DivergenceGuard
 from normlab.config import ModelConfig
 from normlab.data.batching import collate
 from normlab.lit_module import Seq2SeqModule
+from normlab.settings import EvalSpec, OptimSpec
 from normlab.train import run
 
 from conftest import FakeModule, FakeTrainer, compose_cfg, tiny_overrides
@@ -17,7 +18,7 @@ from conftest import FakeModule, FakeTrainer, compose_cfg, tiny_overrides
 PAD, BOS, EOS, V = 0, 1, 2, 40
 MODEL = {"vocab_size": V, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_heads": 2,
          "decoder_heads": 2, "encoder_ffn": 32, "decoder_ffn": 32, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS}
-OPTIM = {"lr": 1e-3, "warmup": 1, "betas": [0.9, 0.98], "eps": 1e-9, "label_smoothing": 0.1}
+OPTIM = OptimSpec(lr=1e-3, warmup=1, betas=[0.9, 0.98], eps=1e-9, label_smoothing=0.1)
 
 
 def batch(seed: int, rows: int) -> dict:
@@ -42,7 +43,7 @@ class Recorder(Seq2SeqModule):
 
 def lightning_grads(batches: list[dict], accumulate: int, model: dict | None = None) -> dict:
     torch.manual_seed(0)
-    module = Recorder(model or MODEL, optim=OPTIM, eval={})
+    module = Recorder(model or MODEL, optim=OPTIM, eval=EvalSpec())
     trainer = L.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=accumulate, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0)
@@ -72,7 +73,7 @@ def test_accumulating_two_micro_batches_is_one_update_on_their_union():
         torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-6, msg=name)
     # the old normalisation (mean of per-micro-batch means) is measurably different here
     torch.manual_seed(0)
-    ref = Seq2SeqModule(MODEL, optim=OPTIM, eval={})
+    ref = Seq2SeqModule(MODEL, optim=OPTIM, eval=EvalSpec())
     per_batch = [ref._loss(b) for b in (b1, b2)]
     (sum(loss / n for loss, _, n in per_batch) / 2).backward()
     differs = [n for n, p in ref.named_parameters() if p.grad is not None
@@ -115,7 +116,7 @@ import test_accumulation as t
 rank = int(__import__("os").environ["RANK"])
 for k in (1, 2):  # per rank: 1 micro-batch, then 2 accumulated
     torch.manual_seed(0)
-    module = t.Recorder(json.loads({model!r}), optim=t.OPTIM, eval={{}})
+    module = t.Recorder(json.loads({model!r}), optim=t.OPTIM, eval=t.EvalSpec())
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,

@@ -127,12 +127,13 @@ def test_resume_weights_that_do_not_fit_the_typed_model_are_one_error():
     # strict restore would fail inside fit with a traceback: check_weights_fit says it in one line first
     from normlab.config import ModelConfig
     from normlab.lit_module import Seq2SeqModule
+    from normlab.settings import EvalSpec, OptimSpec
     from normlab.train import check_weights_fit
 
     base = dict(vocab_size=31, d_model=16, encoder_heads=2, decoder_heads=2, encoder_ffn=32, decoder_ffn=32,
                 max_positions=64, decoder_layers=1)
-    optim = {"lr": 1e-3, "warmup": 0, "betas": [0.9, 0.98], "eps": 1e-9, "label_smoothing": 0.1}
-    two, three = (Seq2SeqModule(ModelConfig(**base, encoder_layers=n).to_dict(), optim=optim, eval={})
+    optim = OptimSpec(lr=1e-3, warmup=0, betas=[0.9, 0.98], eps=1e-9, label_smoothing=0.1)
+    two, three = (Seq2SeqModule(ModelConfig(**base, encoder_layers=n).to_dict(), optim=optim, eval=EvalSpec())
                   for n in (2, 3))
     check_weights_fit(two, {"state_dict": two.state_dict()}, "a.ckpt")  # fits: no error
     with pytest.raises(ConfigError, match=r"resume=a.ckpt: .*do not fit .*encoder.layers.2.*finetune="):

@@ -11,6 +11,7 @@ from normlab.model.attention import MultiheadAttention
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.regularizers.drophead import DropHead, drophead_mask, set_drophead_p
 from normlab.regularizers.rate_schedules import schedule_value
+from normlab.settings import OptimSpec
 
 V = 29
 
@@ -131,14 +132,14 @@ def test_v_shape_endpoints():
 
 def test_callback_sets_p_from_global_step_and_defaults_to_lr_warmup():
     m = Seq2SeqTransformer(cfg(0.3))
-    module = SimpleNamespace(optim_cfg={"warmup": 10}, modules=m.modules, log=lambda *a, **k: None)
-    cb = DropHeadSchedule(p=0.3, schedule="v_shape")
+    module = SimpleNamespace(modules=m.modules, log=lambda *a, **k: None)
+    cb = DropHeadSchedule(p=0.3, schedule="v_shape", optim=OptimSpec(warmup=10))  # the run's (RunValues)
     for gs in (0, 5, 9, 10, 49):
         cb.on_train_batch_start(SimpleNamespace(global_step=gs, max_steps=50), module, None, 0)
         expected = v_formula(gs + 1, 0.3, 0.3, 10, 50)  # schedule step = optimizer steps done + 1
         ps = [a.drophead.p for a in m.modules() if isinstance(a, MultiheadAttention)]
         assert len(ps) == 6 and ps == pytest.approx([expected] * 6)
     # stateless: a fresh callback (a resumed run) at the same global_step sets the same p
-    fresh = DropHeadSchedule(p=0.3, schedule="v_shape")
+    fresh = DropHeadSchedule(p=0.3, schedule="v_shape", optim=OptimSpec(warmup=10))
     fresh.on_train_batch_start(SimpleNamespace(global_step=49, max_steps=50), module, None, 0)
     assert fresh.last_p == cb.last_p

@@ -8,6 +8,7 @@ import torch
 from normlab import identity
 from normlab.config import ModelConfig
 from normlab.lit_module import Seq2SeqModule
+from normlab.settings import EvalSpec, OptimSpec
 
 from conftest import compose_cfg
 
@@ -26,7 +27,7 @@ def _module(overrides: list[str], min_len: int) -> Seq2SeqModule:
     for d in ("decoder", "test_decoder"):
         ev[d]["min_len"] = min_len
     torch.manual_seed(0)
-    return Seq2SeqModule(ModelConfig(**TINY).to_dict(), optim={}, eval=ev).eval()
+    return Seq2SeqModule(ModelConfig(**TINY).to_dict(), optim=OptimSpec(), eval=EvalSpec.of(ev)).eval()
 
 
 def _sources() -> tuple[torch.Tensor, list[int]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from normlab import outcome
+from normlab.callbacks import RunValues
 from normlab.callbacks.divergence import DivergenceGuard
 from normlab.callbacks.preemption import Preemption
 from normlab.callbacks.stall import StallGuard
@@ -30,7 +31,7 @@ def test_status_is_its_value_everywhere():
 
 def test_the_runs_outcome_reaches_every_callback_that_can_end_a_run():
     run_outcome = RunOutcome()
-    callbacks = build_callbacks(compose_cfg([]).callbacks, run_outcome)
+    callbacks = build_callbacks(compose_cfg([]).callbacks, RunValues(outcome=run_outcome))
     enders = [c for c in callbacks if isinstance(c, (DivergenceGuard, StallGuard, Preemption))]
     assert {type(c) for c in enders} == {DivergenceGuard, StallGuard, Preemption}
     assert all(c.outcome is run_outcome for c in enders)

@@ -46,12 +46,12 @@ def test_module_optimizer_follows_the_schedule(schedule):
 
     from normlab.config import ModelConfig
     from normlab.lit_module import Seq2SeqModule
+    from normlab.settings import EvalSpec, OptimSpec
 
-    optim = {"lr": 2e-3, "warmup": 4, "schedule": schedule, "betas": [0.9, 0.98], "eps": 1e-9,
-             "label_smoothing": 0.1}
+    optim = OptimSpec(lr=2e-3, warmup=4, schedule=schedule, betas=[0.9, 0.98], eps=1e-9, label_smoothing=0.1)
     cfg = ModelConfig(vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_heads=2,
                       decoder_heads=2, encoder_ffn=8, decoder_ffn=8)
-    module = Seq2SeqModule(cfg.to_dict(), optim=optim, eval={})
+    module = Seq2SeqModule(cfg.to_dict(), optim=optim, eval=EvalSpec())
     conf = module.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     for step in range(1, 12):

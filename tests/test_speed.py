@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from normlab.lit_module import Seq2SeqModule
+from normlab.settings import OptimSpec
 from normlab.train import run
 
 from conftest import compose_cfg, tiny_overrides
@@ -71,7 +72,7 @@ def test_training_step_reads_nothing_back_from_the_device(small_corpus, tmp_path
 
 
 def test_adam_is_fused_on_gpu_unless_fp16_scaling_meets_clipping():
-    module = SimpleNamespace(optim_cfg={"clip_norm": 0.0}, _attached_trainer=lambda: SimpleNamespace(precision="bf16-mixed"))
+    module = SimpleNamespace(optim_spec=OptimSpec(clip_norm=0.0), _attached_trainer=lambda: SimpleNamespace(precision="bf16-mixed"))
     impl = Seq2SeqModule._adam_impl
 
     def on(device_type, **kw):
@@ -81,7 +82,7 @@ def test_adam_is_fused_on_gpu_unless_fp16_scaling_meets_clipping():
     assert on("cpu") == {"foreach": True}
     assert on("cuda") == {"fused": True}
     assert on("meta") == {}
-    fp16_clip = {"optim_cfg": {"clip_norm": 1.0}, "_attached_trainer": lambda: SimpleNamespace(precision="16-mixed")}
+    fp16_clip = {"optim_spec": OptimSpec(clip_norm=1.0), "_attached_trainer": lambda: SimpleNamespace(precision="16-mixed")}
     assert impl(SimpleNamespace(**fp16_clip, parameters=lambda: iter([SimpleNamespace(device=torch.device("cuda"))]))) == {}
 
 

@@ -183,7 +183,7 @@ def test_a_stall_held_at_the_last_check_but_not_at_the_end_decodes_again():
 
 
 def test_the_optuna_objective_of_a_stalled_run_is_zero_bleu():
-    from normlab.commands.train import objective
+    from normlab.run_result import objective
 
     assert objective({"status": "stalled", "valid_bleu": None}) == 0.0
     assert objective({"status": "stalled", "valid_bleu": 0.1}) == 0.1  # a record decoded before the rule

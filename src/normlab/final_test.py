@@ -19,7 +19,7 @@ averaged passes: a model at its input-independent floor decodes to the length ca
 its beams end, for a BLEU of 0 (issue 21; deep_bleu's stalled post-LN seed 2 spent ~252 s of its
 1,146 s in the beam test; 99 s of 442 s, with 33 s for the final valid pass and 32 s for the
 validation at the stop, when benchmarks/stalled_arm.py reran it with 1 thread beside one study job).
-Its valid_bleu is None (an Optuna trial that stalls returns 0.0: commands/train.py). Runs recorded
+Its valid_bleu is None (an Optuna trial that stalls returns 0.0: run_result.objective). Runs recorded
 before this rule keep the BLEU of 0.0 they were decoded to. (Validation during training scores the
 loss only while a stall is held: callbacks/stall.py.)
 """

@@ -83,3 +83,21 @@ def cpu_seconds() -> float:
         return time.process_time()
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _cores() -> int:
+    # the cores this process may run on (a container's or a SLURM job's share), not the host's count
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def device_text(trainer) -> str:
+    """What trained the run, for results.json and the studies' cost lines: e.g. "cpu: x86_64, AMD
+    EPYC, AVX2 kernels, 2 cores, 2 threads" (the kernel path decides the rounding: above) or
+    "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
+    import torch
+
+    dev = trainer.strategy.root_device
+    what = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+            else f"{platform.machine()}, {cpu_text()}, {_cores()} cores, {torch.get_num_threads()} thread"
+                 + ("s" if torch.get_num_threads() != 1 else ""))
+    return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")

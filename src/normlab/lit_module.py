@@ -19,6 +19,7 @@ import itertools
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
@@ -32,6 +33,7 @@ from normlab.model.transformer import Seq2SeqTransformer
 from normlab.lr_schedule import lr_factor, peak_lr
 from normlab.private_api import logs_this_step
 from normlab.scoring import num_batches
+from normlab.settings import EvalSpec, OptimSpec
 
 
 log = logging.getLogger("normlab")
@@ -55,11 +57,28 @@ def score_line(label: str, logged: dict[str, float], result: dict) -> str:
     return f"{label}: {shown}{subset}{partial}"
 
 
+@dataclass
+class TrainStats:
+    """What training leaves for the callbacks, a field the module declares (Seq2SeqModule.stats)
+    instead of attributes found on it by name: the last step's sums (the text log line,
+    callbacks/progress.py) and the throughput counters (full checkpoints carry them across legs)."""
+    step_sums: tuple[torch.Tensor, torch.Tensor, int] | None = None  # the last step's (loss sum, nll sum,
+    # target tokens): the loss sums on the device, read by no one here (no host sync per step)
+    tokens: int = 0  # target tokens trained, over every leg of the run
+    seconds: float = 0.0  # seconds in training steps, over every leg
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
 class Seq2SeqModule(L.LightningModule):
-    def __init__(self, model_cfg: dict, optim: dict, eval: dict, tokenizer_proto: bytes | None = None,
+    def __init__(self, model_cfg: dict, optim: OptimSpec, eval: EvalSpec, tokenizer_proto: bytes | None = None,
                  compile: bool | str = False):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer_proto"])
+        # plain values only: a checkpoint is loaded weights-only, so it holds no class of ours
+        self.save_hyperparameters({"model_cfg": model_cfg, "optim": optim.to_dict(), "eval": eval.to_dict(),
+                                   "compile": compile})
         self.model_cfg = ModelConfig.from_dict(model_cfg)
         self.model = Seq2SeqTransformer(self.model_cfg)
         # model.compile=true: torch.compile the training forward in place (state-dict keys unchanged,
@@ -69,18 +88,19 @@ class Seq2SeqModule(L.LightningModule):
         self.compile_seconds: float | None = None
         if compile:
             self.model.compile(**({} if compile is True else {"backend": compile}))
-        self.optim_cfg, self.eval_cfg = dict(optim), dict(eval)
+        self.optim_spec, self.eval_spec = optim, eval
         self.tokenizer_proto = tokenizer_proto  # the sentencepiece model, so a checkpoint decodes alone
-        self.decode = make_decoder(**self.eval_cfg.get("decoder", {}))
+        self.decode = make_decoder(**eval.valid_decoding)
         # The final test decodes as the papers do (eval.test_decoder: beam 4) while validation
         # stays greedy; the final greedy test pass decodes with `decode` (final_test.py).
-        self.test_decode = make_decoder(**(self.eval_cfg.get("test_decoder") or self.eval_cfg.get("decoder", {})))
-        self._train_tokens, self._train_seconds, self._t_batch = 0, 0.0, 0.0
+        self.test_decode = make_decoder(**eval.test_decoding)
+        self.stats = TrainStats()
+        self._t_batch = 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
         # False while the stall guard holds a stall (callbacks/stall.py): validation then scores the
         # loss only, as a model at its input-independent floor decodes to the length cap for a BLEU
         # of 0 (issue 21); the best checkpoint ranks such a validation last (callbacks/checkpoints.py)
-        self.decode_valid = True
+        self.decode_valid: bool = True
         # the scores of the latest validation in this process, without its hypotheses: the final valid
         # pass reuses them when it would score the same weights (final_test.py)
         self.last_validation: dict | None = None
@@ -90,9 +110,9 @@ class Seq2SeqModule(L.LightningModule):
     # ---- training ---------------------------------------------------------------------------
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
         # The output projection and the loss in row chunks: no (B, T, V) logits (losses.model_loss).
-        loss, nll = model_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"],
-                               self.optim_cfg["label_smoothing"], self.model_cfg.pad_id,
-                               self.optim_cfg.get("label_smoothing_convention", "uniform"))
+        o = self.optim_spec
+        loss, nll = model_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], o.label_smoothing,
+                               self.model_cfg.pad_id, o.label_smoothing_convention)
         # collate counts the non-pad labels on the host: no device sync per step to read it back
         ntok = batch.get("ntokens")
         ntok = int(batch["tgt_out"].ne(self.model_cfg.pad_id).sum()) if ntok is None else int(ntok)
@@ -104,8 +124,8 @@ class Seq2SeqModule(L.LightningModule):
         # on the steps the logger writes (the progress bar reads logged tensors back at every step).
         loss, nll, ntok = self._loss(batch)
         n = max(ntok, 1)
-        self._train_tokens += ntok
-        self.last_train_stats = (loss.detach(), nll.detach(), ntok)  # sums: the text log line (callbacks/progress.py)
+        self.stats.tokens += ntok
+        self.stats.step_sums = (loss.detach(), nll.detach(), ntok)
         if logs_this_step(self):
             self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
                           batch_size=n)
@@ -157,32 +177,27 @@ class Seq2SeqModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         seconds = time.perf_counter() - self._t_batch
-        self._train_seconds += seconds
+        self.stats.seconds += seconds
         if self.hparams.get("compile") and self.compile_seconds is None:
             self.compile_seconds = seconds
             rank_zero_info(f"model.compile: the first training step took {seconds:.1f} s (compilation included)")
-        if self._train_seconds > 0 and self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
-            self.log("train/tokens_per_s", self.train_tokens_per_s, prog_bar=False)
-
-    @property
-    def train_tokens_per_s(self) -> float:
-        return self._train_tokens / self._train_seconds if self._train_seconds else 0.0
+        if self.stats.seconds > 0 and self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("train/tokens_per_s", self.stats.tokens_per_s, prog_bar=False)
 
     def throughput_counters(self) -> dict[str, float]:
         """The target tokens and seconds trained so far (full checkpoints carry them across legs)."""
-        return {"train_tokens": self._train_tokens, "train_seconds": self._train_seconds}
+        return {"train_tokens": self.stats.tokens, "train_seconds": self.stats.seconds}
 
     def restore_throughput_counters(self, train_tokens: float, train_seconds: float) -> None:
-        self._train_tokens, self._train_seconds = train_tokens, train_seconds
+        self.stats.tokens, self.stats.seconds = train_tokens, train_seconds
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        peak = peak_lr(self.model_cfg.d_model, o["warmup"], o.get("lr"), o.get("scale", 1.0))
-        opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o["betas"]), eps=o["eps"],
-                               weight_decay=o.get("weight_decay", 0.0), **self._adam_impl())
+        o = self.optim_spec
+        peak = peak_lr(self.model_cfg.d_model, o.warmup, o.lr, o.scale)
+        opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o.betas), eps=o.eps,
+                               weight_decay=o.weight_decay, **self._adam_impl())
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
-        kind = o.get("schedule", "inverse_sqrt")
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(kind, s + 1, o["warmup"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(o.schedule, s + 1, o.warmup))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _adam_impl(self) -> dict:
@@ -199,7 +214,7 @@ class Seq2SeqModule(L.LightningModule):
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
         precision = str(getattr(self._attached_trainer(), "precision", ""))
-        clipping = float(self.optim_cfg.get("clip_norm") or 0.0) > 0
+        clipping = float(self.optim_spec.clip_norm) > 0
         return {} if precision.startswith("16") and clipping else {"fused": True}
 
     # ---- validation / test ----------------------------------------------------------------------
@@ -222,7 +237,7 @@ class Seq2SeqModule(L.LightningModule):
         """How `split` is decoded for BLEU: valid by eval.decoder (None, the loss only, when
         eval.valid_bleu is false or while a stall is held: `decode_valid`), test by eval.test_decoder."""
         if split == "valid":
-            return self.decode if self.eval_cfg.get("valid_bleu", True) and self.decode_valid else None
+            return self.decode if self.eval_spec.valid_bleu and self.decode_valid else None
         return self.test_decode
 
     def eval_step(self, batch: dict, decode=None) -> None:
@@ -247,7 +262,7 @@ class Seq2SeqModule(L.LightningModule):
         if not self.trainer.sanity_checking:  # a validation can take minutes: say when it starts, and its time at the end
             self._valid_t0 = time.monotonic()
             rank_zero_info(f"step {self.global_step} valid: started ({sum(self.trainer.num_val_batches)} batches)")
-        size = self.eval_cfg.get("valid_subset")
+        size = self.eval_spec.valid_subset
         if size is not None and self.decoder("valid") is not None:
             self._bleu_rows = subset_rows(len(self.trainer.datamodule.references("valid")), size)
 

@@ -16,7 +16,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from normlab.outcome import REASON_KEYS, Status
 from normlab.private_api import drop_wandb_init_key
@@ -81,7 +81,7 @@ def _log_each_step_once(logger, wandb_dir: Path) -> None:
 SERIES_PREFIXES = ("valid", "test", "train")  # results.json keys that are also a logged series' name
 
 
-def wandb_summary(results: dict) -> dict:
+def wandb_summary(results: Mapping[str, Any]) -> dict:
     """Every results.json value (labels, choices, decoders and the other non-scalars included), each
     under one key: a score under the key of its logged series (valid_bleu -> valid/bleu,
     test_bleu_avg -> test/bleu_avg, train_tokens_per_s -> train/tokens_per_s), set to results.json's
@@ -101,14 +101,15 @@ def offline_note(run) -> str | None:
     return f"W&B offline run: {here}; upload it with `{sync}`"
 
 
-def finish_loggers(loggers: list, results: dict | None = None) -> None:
-    """Copy results.json's scores into the W&B run summary (so the dashboard and `report --wandb`
-    see diverged / failed runs too), then close each run, so each multirun job is its own run."""
+def finish_loggers(loggers: list, results: Mapping[str, Any] | None = None) -> None:
+    """Copy the run's result (a RunResult, run_result.py: results.json's record) into the W&B run
+    summary (so the dashboard and `report --wandb` see diverged / failed runs too), then close each
+    run, so each multirun job is its own run."""
     with deferred():  # a signal now (a second SIGTERM) is handled once every logger is closed
         _finish(loggers, results)
 
 
-def _finish(loggers: list, results: dict | None) -> None:
+def _finish(loggers: list, results: Mapping[str, Any] | None) -> None:
     for logger in loggers or []:
         if _is_wandb(logger):
             import wandb

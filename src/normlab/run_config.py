@@ -9,8 +9,7 @@ from typing import Any, Mapping
 
 from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, check, check_bool, check_choice,
                             check_number, check_positive, is_num)
-from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
-from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
+from normlab.settings import EvalSpec, OptimSpec
 
 
 # Keys of the `model` group that say how to run the model, not what it is: not in ModelConfig,
@@ -41,7 +40,6 @@ def model_config_from_hydra(cfg: Any, vocab_size: int | None = None, special: Ma
     return ModelConfig(**model, init=init, norm=NormConfig(**norm), regularizer=RegularizerConfig(**reg))
 
 
-DECODER_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len")
 MONITORS = ("valid/bleu", "valid/chrf", "valid/loss", "valid/nll", "valid/ppl", "step")  # what validation logs
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRECISIONS = ("32-true", "32", 32, "16-mixed", "16", 16, "bf16-mixed", "bf16", "16-true", "bf16-true",
@@ -87,8 +85,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
         check(getattr(reg, key) < 1.0, f"regularizer.{key}", f"{getattr(reg, key)!r} drops every "
               f"{'head' if key == 'drophead' else 'layer'} at every step: nothing would train",
               "a probability in [0, 1)")
-    _validate_optim(cfg.optim)
-    _validate_eval(cfg.eval)
+    optim_and_eval(cfg)
     _validate_trainer(cfg.trainer)
     callbacks = cfg.get("callbacks") or {}
     for key in ("keep_last_n", "every_n_steps"):
@@ -133,39 +130,12 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def _validate_optim(o: Any) -> None:
-    check_number("optim.lr", o.lr, "a number > 0, or null for the paper's scale", lambda v: v > 0, null=True)
-    check_number("optim.scale", o.get("scale", 1.0), "a number > 0", lambda v: v > 0)
-    check_number("optim.warmup", o.warmup, "an integer >= 0", lambda v: v >= 0, integer=True)
-    check_number("optim.label_smoothing", o.label_smoothing, "a number in [0, 1)", lambda v: 0.0 <= v < 1.0)
-    check_choice("optim.label_smoothing_convention", o.get("label_smoothing_convention", "uniform"),
-                 LABEL_SMOOTHING_CONVENTIONS)
-    check_choice("optim.schedule", o.get("schedule", "inverse_sqrt"), LR_SCHEDULES)
-    check_number("optim.clip_norm", o.clip_norm, "a number >= 0 (0: no clipping)", lambda v: v >= 0)
-    check_number("optim.eps", o.eps, "a number > 0", lambda v: v > 0)
-    check_number("optim.weight_decay", o.get("weight_decay", 0.0), "a number >= 0", lambda v: v >= 0)
-    betas = list(o.betas) if hasattr(o.betas, "__len__") and not isinstance(o.betas, str) else [o.betas]
-    check(len(betas) == 2 and all(is_num(b) and 0 <= b < 1 for b in betas), "optim.betas",
-          f"{o.betas!r} is not valid", "two numbers in [0, 1), e.g. [0.9,0.98]")
+def optim_and_eval(cfg: Any) -> tuple[OptimSpec, EvalSpec]:
+    """The config's `optim` and `eval` as their typed settings (normlab/settings.py), validated."""
+    from omegaconf import OmegaConf
 
-
-def _validate_eval(ev: Any) -> None:
-    for key in ("valid_bleu", "test", "test_greedy", "test_average"):
-        if key in ev:
-            check_bool(f"eval.{key}", ev[key])
-    check_number("eval.valid_subset", ev.get("valid_subset"), "an integer number of valid sentences > 0, or null "
-                 "for all", lambda v: v > 0, integer=True, null=True)
-    for name in ("decoder", "test_decoder"):
-        d = ev.get(name)
-        if d is None:
-            continue
-        unknown = sorted(set(d) - set(DECODER_KEYS))
-        check(not unknown, f"eval.{name}.{unknown[0] if unknown else ''}", "not a decoder option", DECODER_KEYS)
-        check_positive(f"eval.{name}.beam", d.beam)
-        check_number(f"eval.{name}.lenpen", d.get("lenpen", 0.6), "a number (GNMT alpha; 0: none)")
-        check_number(f"eval.{name}.max_len_a", d.get("max_len_a", 1.0), "a number >= 0", lambda v: v >= 0)
-        for key in ("max_len_b", "min_len"):
-            check_number(f"eval.{name}.{key}", d.get(key, 0), "an integer >= 0", lambda v: v >= 0, integer=True)
+    plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else {}  # noqa: E731
+    return OptimSpec.of(plain(cfg.get("optim"))).validate(), EvalSpec.of(plain(cfg.get("eval"))).validate()
 
 
 def check_machine(cfg: Any) -> None:

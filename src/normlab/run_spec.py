@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from normlab import identity
 from normlab.budget import budget_notes, trainer_overrides
 from normlab.config import ConfigError, ModelConfig
-from normlab.run_config import check_machine, model_config_from_hydra, validate_run_config
+from normlab.run_config import check_machine, model_config_from_hydra, optim_and_eval, validate_run_config
 from normlab.run_folder import hydra_choices, run_dir_of, start_model
+from normlab.settings import EvalSpec, OptimSpec
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,10 @@ class FinalPasses:
     decoders: dict[str, dict]  # {"valid": ..., "test": ...}: the decoder settings, for results.json
 
     @classmethod
-    def of(cls, eval_cfg: dict, keep_last_n: int) -> "FinalPasses":
-        valid = dict(eval_cfg.get("decoder") or {})
-        test = dict(eval_cfg.get("test_decoder") or valid)
-        return cls(test=bool(eval_cfg.get("test", True)), greedy=bool(eval_cfg.get("test_greedy", True)) and test != valid,
-                   average_last_n=int(keep_last_n or 0) if eval_cfg.get("test_average", True) else 0,
+    def of(cls, ev: EvalSpec, keep_last_n: int) -> "FinalPasses":
+        valid, test = ev.valid_decoding, ev.test_decoding
+        return cls(test=ev.test, greedy=ev.test_greedy and test != valid,
+                   average_last_n=int(keep_last_n or 0) if ev.test_average else 0,
                    decoders={"valid": valid, "test": test})
 
 
@@ -56,8 +56,8 @@ class RunSpec:
     seed: int
     project: str               # the W&B project
     model: ModelConfig         # the model's settings; the vocabulary and special ids come from the data
-    optim: dict[str, Any]
-    eval: dict[str, Any]       # the module's decoders and validation settings
+    optim: OptimSpec           # the module's optimizer, schedule and loss settings (settings.py)
+    eval: EvalSpec             # the module's decoders and validation settings
     final: FinalPasses
     compile: Any               # model.compile: false, true or a backend
     max_steps: int
@@ -81,10 +81,9 @@ def resolve(cfg: DictConfig) -> RunSpec:
         raise _not_combined(cfg, e) from None
     check_machine(cfg)
     choices = hydra_choices()
-    plain = lambda node: OmegaConf.to_container(node, resolve=True) if node is not None else {}  # noqa: E731
-    eval_cfg = plain(cfg.eval)
+    optim, ev = optim_and_eval(cfg)
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
-    tokens = (cfg.trainer, cfg.data.max_tokens, cfg.optim.get("tokens_per_update"))
+    tokens = (cfg.trainer, cfg.data.max_tokens, optim.tokens_per_update)
     budget = trainer_overrides(*tokens)
     model = model_config_from_hydra(cfg)
     return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
@@ -93,7 +92,7 @@ def resolve(cfg: DictConfig) -> RunSpec:
                    start=identity.start_checkpoint(cfg), finetune=bool(cfg.get("finetune")),
                    resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")),
                    seed=int(cfg.seed), project=str(cfg.project), model=model,
-                   optim=plain(cfg.optim), eval=eval_cfg, final=FinalPasses.of(eval_cfg, keep_last_n),
+                   optim=optim, eval=ev, final=FinalPasses.of(ev, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
                    max_time=cfg.trainer.get("max_time"), trainer_overrides=budget,
                    budget_notes=budget_notes(*tokens, model.max_positions),

@@ -7,17 +7,15 @@ continues: run_folder.py; what it is called and tagged: identity.py.
 """
 from __future__ import annotations
 
-import logging
-import os
-import platform
-import time
-from typing import Any
-
 import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import hydra
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import NO_CONTINUATION, FullStateCheckpoint, StopAfterCheckpoint
@@ -27,16 +25,17 @@ from normlab.callbacks.stall import StallGuard
 from normlab.checkpoint import CheckpointError, load_checkpoint, write_json
 from normlab.checkpoint_io import AtomicCheckpointIO
 from normlab.config import ConfigError
-from normlab.callbacks import instantiate_callbacks
+from normlab.callbacks import RunValues, instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
-from normlab.hardware import cpu_info, cpu_seconds, cpu_text
+from normlab.hardware import cpu_info, cpu_seconds, device_text
 from normlab.lit_module import Seq2SeqModule
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
-from normlab.run_folder import (csv_histories, locked, prepare, rank_zero, readable, restore_csv_histories,
-                                start_checkpoint_path)
+from normlab.run_result import RunResult
+from normlab.run_folder import (Continuation, csv_histories, locked, prepare, rank_zero, readable,
+                                restore_csv_histories, start_checkpoint_path)
 from normlab.run_spec import RunSpec, resolve
 from normlab.scoring import signals_interrupt
 from normlab.signals import Signalled, hand_over
@@ -44,11 +43,11 @@ from normlab.signals import Signalled, hand_over
 log = logging.getLogger("normlab")
 
 
-def build_callbacks(nodes: Any, outcome: RunOutcome | None = None, finetune: bool = False) -> list:
-    """Every `_target_` node of `nodes` (the config's `callbacks`: normlab.callbacks), the ones that
-    can end a run given the run's `outcome`; when fine-tuning, not Admin's initialisation: the
-    weights, ω included, come from the checkpoint."""
-    callbacks = instantiate_callbacks(nodes, outcome)
+def build_callbacks(nodes: Any, values: RunValues | None = None, finetune: bool = False) -> list:
+    """Every `_target_` node of `nodes` (the config's `callbacks`: normlab.callbacks), each given the
+    run's `values` it takes (the run's outcome to the ones that can end a run, ...); when
+    fine-tuning, not Admin's initialisation: the weights, ω included, come from the checkpoint."""
+    callbacks = instantiate_callbacks(nodes, values)
     if finetune:
         from normlab.callbacks.admin_init import AdminInit
 
@@ -123,22 +122,6 @@ def _plugins() -> list:
     return plugins
 
 
-def _cores() -> int:
-    # the cores this process may run on (a container's or a SLURM job's share), not the host's count
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def device_text(trainer) -> str:
-    """What trained the run, for results.json and the studies' cost lines: e.g. "cpu: x86_64, AMD
-    EPYC, AVX2 kernels, 2 cores, 2 threads" (the kernel path decides the rounding: hardware.py) or
-    "cuda: NVIDIA A100-SXM4-40GB x 4" (one per process)."""
-    dev = trainer.strategy.root_device
-    what = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-            else f"{platform.machine()}, {cpu_text()}, {_cores()} cores, {torch.get_num_threads()} thread"
-                 + ("s" if torch.get_num_threads() != 1 else ""))
-    return f"{dev.type}: {what}" + (f" x {trainer.world_size}" if trainer.world_size > 1 else "")
-
-
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
 
@@ -174,162 +157,255 @@ def _legs_in(checkpoint: dict) -> list | None:
     return legs if ok else None
 
 
-def run(cfg: Any) -> dict[str, Any]:
+def run(cfg: Any) -> RunResult:
     """Train and score the run the composed config `cfg` describes (resolved here, once, into a
-    RunSpec); its folder is held by this process throughout (run_folder.locked)."""
+    RunSpec); its folder is held by this process throughout (run_folder.locked). What it ended as,
+    also written to results.json and the W&B summary: a RunResult (run_result.py)."""
     spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
     with locked(spec.run_dir, rank_zero()):
         return _run(spec)
 
 
-def _run(spec: RunSpec) -> dict[str, Any]:
+@dataclass
+class _Leg:
+    """This invocation of the run (a leg: a rerun continues it), built from the RunSpec; the steps
+    below read its fields."""
+    spec: RunSpec
+    cont: Continuation
+    start: "_Start"
+    callbacks: list
+    outcome: RunOutcome
+    code: dict | None  # this leg's code (provenance.py), on rank 0: it writes the results
+    t0: float
+    cpu0: float
+    dm: Any = None
+    module: Seq2SeqModule | None = None
+    trainer: L.Trainer | None = None
+    loggers: list = dataclasses.field(default_factory=list)
+
+    def find(self, cls: type):
+        return next((c for c in self.callbacks if isinstance(c, cls)), None)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """resume= / finetune='s checkpoint: its file and contents (None: the run starts afresh)."""
+    ckpt: Path | None = None
+    state: dict | None = None
+
+    @property
+    def step(self) -> int:
+        return int((self.state or {}).get("global_step") or 0)
+
+
+def _run(spec: RunSpec) -> RunResult:
     t0, cpu0 = time.time(), cpu_seconds()
     code = code_version() if rank_zero() else None  # this leg's code (provenance.py): rank 0 writes results
-    run_dir, name = spec.run_dir, spec.name
     outcome = RunOutcome()  # what the run ends as: the guards and preemption report to it
-    callbacks = build_callbacks(spec.callbacks, outcome, spec.finetune)  # a bad setting fails here, before any work
-    cont = prepare(run_dir, spec.identity, spec.identity_hash, name, spec.retrain, rank_zero())
+    seconds = max_time_seconds(spec.max_time) if spec.max_time else None  # ours: at a step boundary, checkpointed
+    values = RunValues(outcome=outcome, optim=spec.optim, started=t0, code=code, max_time=seconds)
+    callbacks = build_callbacks(spec.callbacks, values, spec.finetune)  # a bad setting fails here, before any work
+    cont = prepare(spec.run_dir, spec.identity, spec.identity_hash, spec.name, spec.retrain, rank_zero())
     if cont.finished is not None:
-        r = cont.finished
-        print(f"{run_dir}: already {r.get('status')} (test BLEU {r.get('test_bleu')}, {r.get('steps')} steps); "
+        done = RunResult.from_record(cont.finished)
+        print(f"{spec.run_dir}: already {done.status} (test BLEU {done.get('test_bleu')}, {done.get('steps')} steps); "
               "not training again (retrain=true trains it again)")
-        return r
-    run_dir.mkdir(parents=True, exist_ok=True)
+        return done
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(spec.seed, workers=True)
-    # Every check comes before the run's first log line, so that a refusal is the one line it says
-    # (errors.py): the start checkpoint, then its weights against the model (before the data where
-    # the checkpoint holds its tokenizer), then the corpus, and only then what the run will do.
-    start = spec.start
-    start_ckpt = start_checkpoint_path(str(start), resume=not spec.finetune) if start else None
-    start_state = readable(start_ckpt) if start_ckpt else None
-    if start_ckpt is not None and start_state is None:
-        raise ConfigError(f"{start_ckpt}: not a readable checkpoint")
-    if start_state is not None and "tokenizer_proto" not in start_state:  # as translate / evaluate refuse it
-        raise ConfigError(f"{'finetune' if spec.finetune else 'resume'}={start}",
+    leg = _Leg(spec, cont, _start_point(spec, cont), callbacks, outcome, code, t0, cpu0)
+    _data_and_module(leg)
+    _announce(leg)
+    ckpt_path = _build_trainer(leg)
+    result, stop = _train_and_score(leg, ckpt_path)
+    if leg.trainer.is_global_zero:
+        for line in summary_lines(result):
+            log.info(line)
+    preemption = leg.find(Preemption)
+    if stop is not None:  # the handler from before (submitit's), else on SLURM a requeue for SIGUSR1; exit
+        before = preemption.handler_before(stop.signum) if preemption is not None else stop.before
+        hand_over(stop.signum, before, preemption is not None and preemption.requeue)  # no callback: no requeue
+    if preemption is not None:
+        preemption.after_run()  # on a signal: hand over to the previous handler / requeue, then exit
+    return result
+
+
+def _start_point(spec: RunSpec, cont: Continuation) -> _Start:
+    """The start checkpoint, checked. Every check comes before the run's first log line, so that a
+    refusal is the one line it says (errors.py): the start checkpoint, then its weights against the
+    model (before the data where the checkpoint holds its tokenizer), then the corpus, and only then
+    what the run will do."""
+    if not spec.start:
+        return _Start()
+    ckpt = start_checkpoint_path(str(spec.start), resume=not spec.finetune)
+    start = _Start(ckpt, readable(ckpt))
+    if start.state is None:
+        raise ConfigError(f"{ckpt}: not a readable checkpoint")
+    if "tokenizer_proto" not in start.state:  # as translate / evaluate refuse it
+        raise ConfigError(f"{'finetune' if spec.finetune else 'resume'}={spec.start}",
                           "not a normlab checkpoint (no tokenizer_proto): the token ids its weights were trained "
                           "on cannot be matched to this corpus's; start from a checkpoint a normlab run wrote "
                           "(<run>/checkpoints/*.ckpt)")
-    done = int((start_state or {}).get("global_step") or 0)
-    if spec.resume and cont.checkpoint is None and 0 < spec.max_steps <= done:
-        raise ConfigError(f"resume={start}", f"the checkpoint is at step {done}: trainer.max_steps="
-                                             f"{spec.max_steps} leaves nothing to train (set it above {done}, "
-                                             "or use finetune= to start the step count afresh)")
-    tok, module = None, None
-    if start_state is not None:  # the model's own vocabulary
+    if spec.resume and cont.checkpoint is None and 0 < spec.max_steps <= start.step:
+        raise ConfigError(f"resume={spec.start}", f"the checkpoint is at step {start.step}: trainer.max_steps="
+                                                  f"{spec.max_steps} leaves nothing to train (set it above "
+                                                  f"{start.step}, or use finetune= to start the step count afresh)")
+    return start
+
+
+def _data_and_module(leg: _Leg) -> None:
+    """The data module, set up, and the LightningModule for its vocabulary (the start checkpoint's own
+    where it holds one); the tokenizer is saved into the run folder."""
+    spec, start, tok = leg.spec, leg.start, None
+    if start.state is not None and "tokenizer_proto" in start.state:  # the model's own vocabulary
         from normlab.data.tokenizer import Tokenizer
 
-        tok = Tokenizer.from_proto(start_state["tokenizer_proto"])
-        module = _start_module(spec, tok, cont, start_state, start_ckpt)  # no data read yet: the global RNG
-        # is where it was (the data module draws from seeded generators of its own), so the weights are the same
-    dm = hydra.utils.instantiate(spec.data, **({"tokenizer": tok} if tok is not None else {}))
-    dm.setup("fit")
-    tok = dm.tokenizer
-    if module is None:
-        module = _start_module(spec, tok, cont, start_state, start_ckpt)
-    tok.save(run_dir / "tokenizer")
-    for level, line in spec.budget_notes:  # the tokens per update, once the run is found to train
+        tok = Tokenizer.from_proto(start.state["tokenizer_proto"])
+        leg.module = _start_module(spec, tok, leg.cont, start.state, start.ckpt)  # no data read yet: the global
+        # RNG is where it was (the data module draws from seeded generators of its own), so the weights are the same
+    leg.dm = hydra.utils.instantiate(spec.data, **({"tokenizer": tok} if tok is not None else {}))
+    leg.dm.setup("fit")
+    if leg.module is None:
+        leg.module = _start_module(spec, leg.dm.tokenizer, leg.cont, start.state, start.ckpt)
+    leg.dm.tokenizer.save(spec.run_dir / "tokenizer")
+
+
+def _announce(leg: _Leg) -> None:
+    """What the run will do, once it is found to train: the tokens per update, fine-tuning, and a
+    run that could not continue after a kill."""
+    for level, line in leg.spec.budget_notes:
         log.log(level, line)
-    if spec.finetune and cont.checkpoint is None:
-        log.info("fine-tuning from the weights of %s", start_ckpt)
-    full = next((c for c in callbacks if isinstance(c, FullStateCheckpoint)), None)
-    if full is not None and not full.every and not spec.choices.get("debug"):  # debug runs restart anyway
+    if leg.spec.finetune and leg.cont.checkpoint is None:
+        log.info("fine-tuning from the weights of %s", leg.start.ckpt)
+    full = leg.find(FullStateCheckpoint)
+    if full is not None and not full.every and not leg.spec.choices.get("debug"):  # debug runs restart anyway
         log.warning(NO_CONTINUATION)
-    # resuming: the run folder's own newest checkpoint, else (a new folder) the `resume=` checkpoint
-    ckpt_path = cont.checkpoint or (start_ckpt if spec.resume else None)
-    histories = csv_histories(run_dir, cont.step)  # rows before the continuation's first step
-    loggers = build_loggers(spec.loggers, run_dir, spec.project, name, spec.group, list(spec.tags),
-                            config=spec.config | {"choices": spec.choices, "labels": spec.labels}, run_id=cont.wandb_id)
-    if full is not None:
-        full.started, full.code = t0, code
+
+
+def _build_trainer(leg: _Leg) -> Path | None:
+    """The loggers and the Trainer (the CSV history restored to the continuation's first step); the
+    checkpoint fit continues from: the run folder's own newest, else (a new folder) resume='s."""
+    spec, cont = leg.spec, leg.cont
+    ckpt_path = cont.checkpoint or (leg.start.ckpt if spec.resume else None)
+    histories = csv_histories(spec.run_dir, cont.step)  # rows before the continuation's first step
+    leg.loggers = build_loggers(spec.loggers, spec.run_dir, spec.project, spec.name, spec.group, list(spec.tags),
+                                config=spec.config | {"choices": spec.choices, "labels": spec.labels},
+                                run_id=cont.wandb_id)
     # The bar is ours (callbacks.progress_bar, on a terminal only); without it Lightning would add its
     # own, which prints "Epoch 0/-2" bars into redirected logs.
-    bar = any(isinstance(c, ProgressBar) for c in callbacks)
+    bar = any(isinstance(c, ProgressBar) for c in leg.callbacks)
     overrides = dict(spec.trainer_overrides)
-    stall = next((c for c in callbacks if isinstance(c, StallGuard)), None)
-    if stall is not None and spec.resume and cont.checkpoint is None:
-        stall.carry_end = False  # resume= another run's checkpoint: its stall, if any, is not this run's
-    preemption = next((c for c in callbacks if isinstance(c, Preemption)), None)
-    if spec.max_time and preemption is not None:  # ours: at a step boundary, checkpointed
-        preemption.max_time = max_time_seconds(spec.max_time)
+    if spec.max_time and leg.find(Preemption) is not None:  # preemption has the cap (RunValues.max_time)
         overrides["max_time"] = None
-    trainer: L.Trainer = hydra.utils.instantiate(spec.trainer, logger=loggers or False, callbacks=callbacks,
-                                                 plugins=_plugins(), default_root_dir=str(run_dir),
-                                                 enable_progress_bar=bar, **overrides)
-    restore_csv_histories(trainer.loggers, histories)
+    leg.trainer = hydra.utils.instantiate(spec.trainer, logger=leg.loggers or False, callbacks=leg.callbacks,
+                                          plugins=_plugins(), default_root_dir=str(spec.run_dir),
+                                          enable_progress_bar=bar, **overrides)
+    restore_csv_histories(leg.trainer.loggers, histories)
     if ckpt_path is not None:
-        log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else done)
-    results: dict[str, Any] = {"status": Status.RUNNING.value, "run_dir": str(run_dir), "choices": spec.choices,
-                               "labels": spec.labels, "name": name, "group": spec.group, "seed": spec.seed, "identity_hash": cont.record["identity_hash"],
-                               "params": module.model.num_parameters(), "planned_steps": trainer.max_steps if trainer.max_steps > 0 else None}  # -1: no step limit
-    stop: Signalled | None = None
+        log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else leg.start.step)
+    return ckpt_path
+
+
+def _train_and_score(leg: _Leg, ckpt_path: Path | None) -> tuple[RunResult, Signalled | None]:
+    """Fit, end the outcome, score; the RunResult written (results.json, the W&B summary) whatever
+    happens, and an exception raised again once it is. Its reasons and scores are what was recorded
+    when it stopped; the status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted`
+    (the rerun scores it), never a `completed` run without its scores, which a rerun would skip."""
+    trainer, outcome = leg.trainer, leg.outcome
+    status, reasons, scores, stop = Status.RUNNING, {}, {}, None
     try:
         try:
-            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+            trainer.fit(leg.module, datamodule=leg.dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
         except StopAfterCheckpoint:  # preempted: the checkpoint is written, the outcome says so
             pass
+        preemption = leg.find(Preemption)
         if preemption is not None:  # a signal recorded after the last step's check ends the run preempted
             preemption.after_fit(trainer)
         # One scope from here to results.json: a SIGTERM / SIGUSR1 stops the run at once, `interrupted`
         # (between fit and the final passes it used to meet the default handler: a kill, no record)
         with signals_interrupt(trainer):
-            if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
-                stall.settle(trainer, module)  # a continuation at its last step trained nothing (callbacks/stall.py)
-            if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
-                outcome.end(Status.STOPPED, stopped_by="max_time")
-            elif outcome.running:  # no callback ended it: trained every planned step
-                outcome.end(Status.COMPLETED)
-            if outcome.status is Status.STOPPED:
-                by = (f"trainer.max_time={spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
-                      else f"callbacks.preemption.stop_at_step={trainer.global_step}")
-                print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
-                      "to continue")
-            results.update(outcome.reasons)
-            if stall is not None and stall.floor is not None:  # L* on every run: a screen reads its rungs against it
-                results.setdefault("input_independent_loss", stall.floor)
-            plateau = next((c for c in callbacks if isinstance(c, PlateauStop)), None)
-            if plateau is not None and plateau.summary(trainer) is not None:  # where the curve ended (issue 35)
-                results["plateau"] = plateau.summary(trainer)
-            results.update(final_scores(spec.final, trainer, module, dm, run_dir, outcome.status))
-            # The status last: Ctrl-C, SIGTERM or SIGUSR1 while scoring leaves `interrupted` (the rerun
-            # scores it), never a `completed` run without its scores, which a rerun would skip as finished.
-            results["status"] = outcome.status.value
-            if spec.choices.get("debug") and outcome.status is Status.COMPLETED:
-                results["status"] = Status.DEBUG.value  # never a finished run: the same command runs it again (conf/debug)
+            _end_outcome(leg)
+            reasons = _reasons(leg)
+            scores = _plateau(leg)
+            scores = {**scores, **final_scores(leg.spec.final, trainer, leg.module, leg.dm, leg.spec.run_dir,
+                                               outcome.status)}
+            debug = leg.spec.choices.get("debug") and outcome.status is Status.COMPLETED
+            status = Status.DEBUG if debug else outcome.status  # a debug run is never finished: the same command runs it again
     except Signalled as signalled:  # SIGTERM / SIGUSR1 after fit stopped the run (scoring.signals_interrupt):
-        stop = signalled            # handed over below, once results.json says `interrupted`
+        stop = signalled            # handed over by _run, once results.json says `interrupted`
     except Exception as err:  # failure.record_failure adds the traceback; W&B gets the same status now
-        results.update(status=Status.FAILED.value, error=f"{type(err).__name__}: {err}")
+        status, reasons = Status.FAILED, {**reasons, "error": f"{type(err).__name__}: {err}"}
         raise
     finally:
-        if results["status"] == Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
-            results["status"] = Status.INTERRUPTED.value
-        # params again: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
-        # first layer loses its input norm: schemes/recent.py)
-        results.update(steps=trainer.global_step, params=module.model.num_parameters(), device=device_text(trainer),
-                       cpu=cpu_info(),  # the host's CPU and kernel path (hardware.py), on a GPU run too
-                       code=code,  # this leg's; code_legs: every leg's commit, from which step
-                       code_legs=_code_legs(code, full, cont, start_state if spec.resume else None),
-                       train_tokens_per_s=round(module.train_tokens_per_s, 1),
-                       wall_s=round(full.wall_s() if full is not None else time.time() - t0, 1),
-                       # rank 0's process, over all legs (null: a leg from before it was counted)
-                       cpu_s=_rounded(full.cpu_s() if full is not None else cpu_seconds() - cpu0))
-        if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
-            results["compile_s"] = round(module.compile_seconds, 1)
+        if status is Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
+            status = Status.INTERRUPTED
+        result = RunResult(status, reasons, scores, _counters(leg), _provenance(leg))
+        preemption = leg.find(Preemption)
         try:  # a SIGTERM / SIGUSR1 from fit's end to here is preemption's to record (callbacks/preemption.py)
             if trainer.is_global_zero:
-                write_json(run_dir / "results.json", results)
-            finish_loggers(loggers, results)
+                write_json(leg.spec.run_dir / "results.json", result.record)
+            finish_loggers(leg.loggers, result)
         finally:
             if preemption is not None:  # the record is written: the handlers from before the run are back
                 preemption.release()
-    if trainer.is_global_zero:
-        for line in summary_lines(results):
-            log.info(line)
-    if stop is not None:  # the handler from before (submitit's), else on SLURM a requeue for SIGUSR1; exit
-        before = preemption.handler_before(stop.signum) if preemption is not None else stop.before
-        hand_over(stop.signum, before, preemption is not None and preemption.requeue)  # no callback: no requeue
-    for c in callbacks:
-        if isinstance(c, Preemption):
-            c.after_run()  # on a signal: hand over to the previous handler / requeue, then exit
-    return results
+    return result, stop
 
+
+def _end_outcome(leg: _Leg) -> None:
+    """What training ended as when no callback ended it: stopped by Lightning's own time limit, or
+    completed (every planned step trained); a stop says how to continue."""
+    trainer, outcome, stall = leg.trainer, leg.outcome, leg.find(StallGuard)
+    if outcome.running and stall is not None and trainer.global_step >= trainer.max_steps > 0:
+        stall.settle(trainer, leg.module)  # a continuation at its last step trained nothing (callbacks/stall.py)
+    if outcome.running and stopped_by_time(trainer):  # Lightning's own time limit (not ours)
+        outcome.end(Status.STOPPED, stopped_by="max_time")
+    elif outcome.running:  # no callback ended it: trained every planned step
+        outcome.end(Status.COMPLETED)
+    if outcome.status is Status.STOPPED:
+        by = (f"trainer.max_time={leg.spec.max_time}" if outcome.reasons.get("stopped_by") == "max_time"
+              else f"callbacks.preemption.stop_at_step={trainer.global_step}")
+        print(f"stopped by {by} at step {trainer.global_step} of {trainer.max_steps}; rerun the same command "
+              "to continue")
+
+
+def _reasons(leg: _Leg) -> dict[str, Any]:
+    """Why the run ended as it did (the callbacks' reasons), and L* on every run: a screen reads its
+    rungs against it."""
+    stall = leg.find(StallGuard)
+    floor = {} if stall is None or stall.floor is None else {"input_independent_loss": stall.floor}
+    return {**floor, **leg.outcome.reasons}  # a stall's own L* first
+
+
+def _plateau(leg: _Leg) -> dict[str, Any]:
+    """Where the validation curve ended (issue 35), when the plateau callback watched it."""
+    plateau = leg.find(PlateauStop)
+    summary = plateau.summary(leg.trainer) if plateau is not None else None
+    return {} if summary is None else {"plateau": summary}
+
+
+def _counters(leg: _Leg) -> dict[str, Any]:
+    """Steps, parameters, throughput and time, as the run ends (any way it ends)."""
+    trainer, module, full = leg.trainer, leg.module, leg.find(FullStateCheckpoint)
+    counters = {"planned_steps": trainer.max_steps if trainer.max_steps > 0 else None,  # -1: no step limit
+                "steps": trainer.global_step,
+                # after fit: restoring a checkpoint can change the model (a pruned HybridNorm* stack's
+                # first layer loses its input norm: schemes/recent.py)
+                "params": module.model.num_parameters(),
+                "train_tokens_per_s": round(module.stats.tokens_per_s, 1),
+                "wall_s": round(full.wall_s() if full is not None else time.time() - leg.t0, 1),
+                # rank 0's process, over all legs (null: a leg from before it was counted)
+                "cpu_s": _rounded(full.cpu_s() if full is not None else cpu_seconds() - leg.cpu0)}
+    if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
+        counters["compile_s"] = round(module.compile_seconds, 1)
+    return counters
+
+
+def _provenance(leg: _Leg) -> dict[str, Any]:
+    """What ran (the RunSpec's names), on what (device_text, hardware.cpu_info: the host's CPU and
+    kernel path, on a GPU run too) and with which code (this leg's; code_legs: every leg's commit,
+    from which step)."""
+    spec, full = leg.spec, leg.find(FullStateCheckpoint)
+    return {"run_dir": str(spec.run_dir), "choices": spec.choices, "labels": spec.labels, "name": spec.name,
+            "group": spec.group, "seed": spec.seed, "identity_hash": leg.cont.record["identity_hash"],
+            "device": device_text(leg.trainer), "cpu": cpu_info(), "code": leg.code,
+            "code_legs": _code_legs(leg.code, full, leg.cont, leg.start.state if spec.resume else None)}

@@ -53,7 +53,7 @@ class BestCheckpoint(RunCheckpoint):
     def _monitor_candidates(self, trainer) -> dict:
         candidates = super()._monitor_candidates(trainer)
         decoded = self.monitor in ("valid/bleu", "valid/chrf")
-        if decoded and getattr(trainer.lightning_module, "decode_valid", True) is False:
+        if decoded and not trainer.lightning_module.decode_valid:  # Seq2SeqModule's: a stall held
             candidates[self.monitor] = torch.tensor(float("-inf") if self.mode == "max" else float("inf"))
         return candidates
 

@@ -82,7 +82,8 @@ def _gather(obj: Any, world_size: int) -> list:
 
 
 class FullStateCheckpoint(Checkpoint):
-    def __init__(self, every_n_steps: int | None = 200, keep: int = 2):
+    def __init__(self, every_n_steps: int | None = 200, keep: int = 2, started: float | None = None,
+                 code: dict | None = None):
         # 0 / null: no periodic or final checkpoint (debug runs); a preemption signal still saves one
         every_n_steps = every_n_steps or 0
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
@@ -92,7 +93,8 @@ class FullStateCheckpoint(Checkpoint):
             raise ConfigError(f"callbacks.full_checkpoint.keep={keep!r} must be a positive integer")
         self.every, self.keep = every_n_steps, keep
         self.dirpath: Path | None = None  # <run dir>/checkpoints (the Trainer's default_root_dir), at setup
-        self.started = time.time()  # train.run sets its own start, so wall time includes data loading
+        # the run's start (train.run gives its own: wall time includes data loading), else now
+        self.started = time.time() if started is None else started
         self.wall_before = 0.0  # wall seconds of the earlier legs of this run (from the checkpoint)
         self.cpu_started = cpu_seconds()  # this process's CPU time so far (another run's, in a test)
         self.cpu_before: float | None = 0.0  # CPU seconds of the earlier legs (None: a leg did not count them)
@@ -101,7 +103,7 @@ class FullStateCheckpoint(Checkpoint):
         self._stop = False  # saved for a stop: end at the next batch
         self._last_step = -1
         self._rng_to_restore: dict | None = None
-        self.code: dict | None = None  # this leg's code (train.py sets it on rank 0: provenance.code_version)
+        self.code = code  # this leg's code (provenance.code_version), given by train.run on rank 0
         self.legs_before: list[dict] = []  # the code of the earlier legs (from the checkpoint)
         self._leg_start = 0  # the step this leg started from
         self.restored = False  # a checkpoint was loaded: legs_before and _leg_start are its

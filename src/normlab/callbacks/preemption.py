@@ -25,9 +25,10 @@ a signal after Lightning's teardown, or while results.json is written, is record
 and handed over once the record is on disk (was: it met the default action there, which killed the
 run with no results.json, or a half-done record's handler).
 
-`trainer.max_time` (a cap on one invocation) takes the same path when train.py hands its deadline
-here: at the first step boundary past it, a full checkpoint, then the run ends with status
-"stopped" (stopped_by: max_time) and exit 0, and rerunning the same command continues exactly.
+`trainer.max_time` (a cap on one invocation) takes the same path when train.run gives it here, in
+seconds, at construction (`max_time`): at the first step boundary past it, a full checkpoint, then
+the run ends with status "stopped" (stopped_by: max_time) and exit 0, and rerunning the same
+command continues exactly.
 (Lightning's Timer stopped through `should_stop`: between micro-batches of an update, and with a
 validation off the schedule, so the continuation differed from an uninterrupted run.)
 
@@ -72,7 +73,8 @@ def max_time_seconds(value: Any) -> float:
 
 class Preemption(L.Callback):
     def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGUSR1"), requeue: bool = True,
-                 sync_every_n_steps: int = 10, stop_at_step: int | None = None, outcome: RunOutcome | None = None):
+                 sync_every_n_steps: int = 10, stop_at_step: int | None = None, outcome: RunOutcome | None = None,
+                 max_time: float | None = None):
         unknown = [s for s in signals if s not in SIGNALS]
         if unknown:
             raise ConfigError(f"callbacks.preemption.signals: {unknown[0]!r} is not valid; allowed: {', '.join(SIGNALS)}")
@@ -90,7 +92,7 @@ class Preemption(L.Callback):
         self._installed = False  # ours over Lightning's, during training
         self._training = False
         self._released: dict[int, Any] = {}  # _before, once release() has put them back
-        self.max_time: float | None = None  # seconds of training in this invocation (train.py sets it)
+        self.max_time = max_time  # seconds of training in this invocation (trainer.max_time, given by train.run)
         self._deadline: float | None = None
 
     # ---- the handler: record only ------------------------------------------------------------

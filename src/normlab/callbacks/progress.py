@@ -95,8 +95,8 @@ def planned_steps(trainer) -> int | None:
 
 
 class TrainLog(Callback):
-    """The text line; reads each step's (loss sum, nll sum, target tokens) from
-    `pl_module.last_train_stats`, set by the training step without a device sync."""
+    """The text line; reads each step's (loss sum, nll sum, target tokens) from the module's
+    `stats.step_sums` (lit_module.TrainStats), set by the training step without a device sync."""
 
     def __init__(self, every_n_steps: int | None = None):
         self.every_n_steps = every_n_steps  # None: trainer.log_every_n_steps
@@ -106,6 +106,7 @@ class TrainLog(Callback):
         self._start_step = self._last_step = 0
         self._eval_seconds = 0.0
         self._gnorm: float | None = None
+        self._lr = float("nan")  # the last step's rate (none before the first step)
 
     def _every(self, trainer) -> int:
         return max(int(self.every_n_steps or trainer.log_every_n_steps or 50), 1)
@@ -132,7 +133,7 @@ class TrainLog(Callback):
             self._gnorm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        stats = getattr(pl_module, "last_train_stats", None)  # (loss sum, nll sum, target tokens)
+        stats = pl_module.stats.step_sums  # (loss sum, nll sum, target tokens)
         if stats is not None:
             loss, nll, ntok = stats
             step = torch.stack([loss.detach().double(), nll.detach().double()])
@@ -150,7 +151,7 @@ class TrainLog(Callback):
         train_seconds = max(now - self._t_start - self._eval_seconds, 1e-9)
         planned = planned_steps(trainer)
         eta = (planned - step) * train_seconds / max(step - self._start_step, 1) if planned else float("nan")
-        lr = getattr(self, "_lr", float("nan"))
+        lr = self._lr
         ntok = max(ntok, 1.0)
         parts = [f"step {step}/{planned or '?'}", f"epoch {trainer.current_epoch + 1}",
                  f"loss {loss / ntok:.3f}", f"nll {nll / ntok:.3f}", f"ppl {math.exp(min(nll / ntok, 50)):.2f}",
@@ -199,10 +200,10 @@ class StepProgressBar(TQDMProgressBar):
             out["loss"] = f"{m['train/loss']:.3f}"
         if trainer.optimizers:
             out["lr"] = f"{trainer.optimizers[0].param_groups[0]['lr']:.2e}"
-        tps = getattr(pl_module, "train_tokens_per_s", 0.0)
+        tps = pl_module.stats.tokens_per_s
         if tps:
             out["tok/s"] = f"{tps:,.0f}"
-        if "valid/bleu" in m and getattr(pl_module, "decode_valid", True):  # not a stale one while a
+        if "valid/bleu" in m and pl_module.decode_valid:  # not a stale one while a
             # stall is held and validation scores the loss only (callbacks/stall.py)
             out["valid bleu"] = f"{m['valid/bleu']:.2f}"
         return out

@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from pathlib import Path
 
 import lightning as L
 import torch
 
 from normlab.config import check_number
 from normlab.outcome import RunOutcome, Status
+from normlab.settings import OptimSpec
 
 KEY = "callbacks.stall"
 
@@ -72,6 +74,16 @@ def is_stalled(losses: list[float], floor: float, window: int, patience: int, ma
     return None
 
 
+def own_start(trainer) -> bool:
+    """Whether fit started afresh or from this run's own checkpoint: one in the run's folder (the
+    Trainer's default_root_dir, which train.run sets to it). resume= another run's checkpoint is not:
+    that run's stall, restored with the guard's state, is not this run's (a stalled run resumed with
+    another lr or budget trains on), now or in this run's later legs."""
+    if trainer.ckpt_path is None:
+        return True
+    return Path(trainer.default_root_dir).resolve() in Path(trainer.ckpt_path).resolve().parents
+
+
 def update_loss(pending: list, outputs, update_done: bool) -> torch.Tensor | None:
     """The per-token training loss of an optimizer step: the mean over its micro-batches (one under
     no accumulation), a 0-dim tensor (no host sync); None until the update's last micro-batch. Reads
@@ -93,7 +105,7 @@ def update_loss(pending: list, outputs, update_done: bool) -> torch.Tensor | Non
 class StallGuard(L.Callback):
     def __init__(self, window: int = 50, patience: int = 100, margin: float | None = 0.25,
                  min_delta: float = 0.05, after_step: int = 0, stop_after: int | None = None,
-                 outcome: RunOutcome | None = None):
+                 outcome: RunOutcome | None = None, optim: OptimSpec = OptimSpec()):
         for key, value in (("window", window), ("patience", patience)):
             check_number(f"{KEY}.{key}", value, "an integer >= 1", lambda v: v >= 1, integer=True)
         check_number(f"{KEY}.margin", margin, "a number, or null to disable the stall rule", null=True)
@@ -113,17 +125,15 @@ class StallGuard(L.Callback):
         self.losses: deque = deque(maxlen=window + patience)  # 0-dim tensors: no device sync per step
         self.counts: torch.Tensor | None = None
         self.ended: dict | None = None  # the stall record once this guard ended the run (checkpointed)
-        # train.run sets False when the run starts from another run's checkpoint (resume=): that run's
-        # end is not this one's (a stalled run resumed with another lr or budget trains on)
-        self.carry_end = True
+        # L* is of the loss the run trains with: the run's label smoothing (settings.OptimSpec)
+        self.smoothing, self.convention = optim.label_smoothing, optim.label_smoothing_convention
 
     def on_train_start(self, trainer, pl_module) -> None:
         # continued from the checkpoint written where this guard stopped the run (the leg was then
         # interrupted, e.g. while scoring): the run is still stalled there, not trained further
-        if not self.carry_end:  # resume= another run's checkpoint: its stall is not this run's, now or
-            self.ended = self.detected = None  # in this run's later legs (its own checkpoints must not
-            # carry it on); this run finds its own, at its own checks
-        if self.ended is not None and self.carry_end and self.outcome.running:
+        if not own_start(trainer):  # its own checkpoints must not carry another run's stall on: this
+            self.ended = self.detected = None  # run finds its own, at its own checks
+        if self.ended is not None and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
             trainer.should_stop = True
         self._hold(pl_module)  # a continued leg validates as the interrupted one would have
@@ -133,9 +143,9 @@ class StallGuard(L.Callback):
         step trains nothing, and Lightning then calls neither on_train_start nor on_train_end; the
         stall is what the restored record (or the restored losses and counts) say, as it was decided
         when the interrupted leg ended."""
-        if not self.carry_end:
+        if not own_start(trainer):
             self.ended = None
-        if self.ended is not None and self.carry_end and self.outcome.running:
+        if self.ended is not None and self.outcome.running:
             self.outcome.end(Status.STALLED, **self.ended)
         else:
             self.on_train_end(trainer, pl_module)
@@ -176,18 +186,15 @@ class StallGuard(L.Callback):
         """Validation scores the loss only while a stall is held (found and not cleared, or the run
         ended by it): decoding a model at its floor takes minutes for a BLEU of 0 (issue 21). The
         checks run in on_train_batch_end, before Lightning's validation of the same step."""
-        if hasattr(pl_module, "hold_stall"):  # Seq2SeqModule (a test's bare module has none)
-            pl_module.hold_stall(self.detected is not None or self.ended is not None)
+        pl_module.hold_stall(self.detected is not None or self.ended is not None)
 
     def _floor(self, trainer, pl_module, reduce: bool = True) -> float:
         """L* of the targets trained on so far (one reduction over ranks: every rank calls it; without,
         this rank's targets); kept for results.json's input_independent_loss on every run (a screen
         reads its rungs against it)."""
-        o = getattr(pl_module, "optim_cfg", {})
         counts = trainer.strategy.reduce(self.counts.double(), reduce_op="sum") if reduce else self.counts.double()
         counts[pl_module.model_cfg.pad_id] = 0  # target tokens only
-        self.floor = input_independent_loss(counts.cpu(), o.get("label_smoothing", 0.0),
-                                            o.get("label_smoothing_convention", "uniform"))
+        self.floor = input_independent_loss(counts.cpu(), self.smoothing, self.convention)
         return self.floor
 
     def _decide(self, trainer, pl_module) -> dict | None:

@@ -85,7 +85,7 @@ def task(cfg: DictConfig) -> float | None:
                 from normlab.train import run
 
                 console_setup()  # before the Trainer prints its first lines
-                results = run(cfg)
+                result = run(cfg)  # a RunResult (run_result.py)
             except Exception as err:
                 if not (single and isinstance(err, train_user_errors())
                         and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
@@ -100,7 +100,7 @@ def task(cfg: DictConfig) -> float | None:
             # refusal in main()'s process once the jobs have run, and the multirun exits 2 there too
             raise
         return None
-    return objective(results)
+    return result.objective()  # what an Optuna sweeper maximises
 
 
 def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
@@ -147,16 +147,6 @@ def refused_line(sweeps: list[Path]) -> str:
     where = ", ".join(str(s) for s in dict.fromkeys(sweeps))
     return one_line(UserError(where, f"{len(sweeps)} job(s) of this multirun did not run: their run folders are in "
                                      "use by another process (above); rerun the same command once it ends"))
-
-
-def objective(results: dict) -> float | None:
-    """The value an Optuna sweeper maximises: valid BLEU (None: a failed trial). A stalled run is scored
-    by its loss only (final_test.py): 0.0, the BLEU a model at its input-independent floor decodes to
-    (every stalled study record that was decoded: 0.0), so TPE learns that its settings fail rather
-    than leaving the trial out as failed."""
-    if results.get("status") == "stalled" and results.get("valid_bleu") is None:
-        return 0.0
-    return results.get("valid_bleu")
 
 
 def discard_if_untouched(run_dir: Path, job_name: str) -> bool:

@@ -40,14 +40,15 @@ def final_passes(cfg) -> dict[str, tuple[str, ...]]:
     from omegaconf import OmegaConf
 
     from normlab.run_spec import FinalPasses
+    from normlab.settings import EvalSpec
 
-    ev = OmegaConf.to_container(cfg.eval, resolve=True)
+    ev = EvalSpec.of(OmegaConf.to_container(cfg.eval, resolve=True))
     keep = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
     fp = FinalPasses.of(ev, keep)
     out: dict[str, tuple[str, ...]] = {}
     # without valid_bleu the final valid pass scores the loss only; a run whose best checkpoint is its last
     # validation's takes that validation's scores instead of decoding again (final_test.validated_scores)
-    if ev.get("valid_bleu", True):
+    if ev.valid_bleu:
         out["final valid decode"] = tuple(f"valid_{m}" for m in SCORES)
     if fp.test:
         out["final test decode (beam)"] = tuple(f"test_{m}" for m in SCORES + LOSSES)
