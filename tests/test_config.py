@@ -86,3 +86,19 @@ def test_scheme_overrides_from_the_command_line():
     m = validate_run_config(cfg_with("model.layer_aggregation=dlcl", "norm.placement=deepnorm"))
     assert (m.layer_aggregation, m.layer_aggregation_stacks, m.norm.placement) == ("dlcl", "both", "deepnorm")
     assert validate_run_config(cfg_with("norm=rezero")).norm.type == "none"
+
+
+def test_the_v_shaped_drophead_schedule_needs_a_last_step():
+    """Zhou et al. 2020's V rises to p at the run's last step: with trainer.max_steps=-1 (and no
+    callbacks.drophead_schedule.total) there is none. One line naming both keys, before any data
+    (was: a ValueError traceback at the first training batch, after the corpus was read)."""
+    with pytest.raises(ConfigError) as err:
+        validate_run_config(cfg_with("regularizer=drophead", "trainer.max_steps=-1"))
+    assert str(err.value) == (
+        "callbacks.drophead_schedule.schedule=v_shape: its rate rises to regularizer.drophead at the last step, and "
+        "trainer.max_steps=-1 sets none (allowed: trainer.max_steps=N, callbacks.drophead_schedule.total=N, or "
+        "callbacks.drophead_schedule.schedule=constant)")
+    for usable in (["trainer.max_steps=-1", "+callbacks.drophead_schedule.total=500"],
+                   ["trainer.max_steps=-1", "callbacks.drophead_schedule.schedule=constant"],
+                   ["trainer.max_steps=-1", "regularizer.drophead=0.0"], ["trainer.max_steps=100"]):
+        validate_run_config(cfg_with("regularizer=drophead", *usable))

@@ -68,3 +68,13 @@ def test_a_bad_callback_setting_is_one_line_naming_the_key(override, says, small
     out = capfd.readouterr()
     assert [line for line in (out.out + out.err).splitlines() if line.strip()] == [f"error: {says}"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_v_shaped_drophead_schedule_without_a_last_step_is_one_line(small_corpus, tmp_path):
+    """regularizer=drophead (its V-shaped schedule) with trainer.max_steps=-1: refused before the corpus
+    is read, naming both keys (was: the corpus read, then a ValueError traceback at the first batch)."""
+    args = [a for a in _tiny(small_corpus, tmp_path) if not a.startswith("trainer.max_steps")]
+    line = refused(["regularizer=drophead", "trainer.max_steps=-1", "trainer.max_epochs=1", *args], tmp_path)
+    assert line.startswith("error: callbacks.drophead_schedule.schedule=v_shape: its rate rises to "
+                           "regularizer.drophead at the last step, and trainer.max_steps=-1 sets none"), line
+    assert list(tmp_path.iterdir()) == []

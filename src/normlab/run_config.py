@@ -88,6 +88,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     optim_and_eval(cfg)
     _validate_trainer(cfg.trainer)
     callbacks = cfg.get("callbacks") or {}
+    _validate_drophead_schedule(callbacks.get("drophead_schedule"), reg.drophead, cfg.trainer.max_steps)
     for key in ("keep_last_n", "every_n_steps"):
         if callbacks.get("step_checkpoints") is not None:
             check_number(f"callbacks.step_checkpoints.{key}", callbacks.step_checkpoints.get(key) or 0,
@@ -100,6 +101,17 @@ def validate_run_config(cfg: Any) -> ModelConfig:
         check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
               "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
     return model_cfg
+
+
+def _validate_drophead_schedule(node: Any, p: float, max_steps: int) -> None:
+    """The V-shaped DropHead schedule rises to p at the run's last step (Zhou et al. 2020;
+    regularizers/rate_schedules.py): without trainer.max_steps or the callback's own `total` it has
+    none (was: a ValueError traceback at the first training batch, after the corpus was read)."""
+    if node is None or not p or node.get("schedule", "v_shape") != "v_shape" or node.get("total") is not None:
+        return
+    check(max_steps != -1, "callbacks.drophead_schedule.schedule=v_shape",
+          "its rate rises to regularizer.drophead at the last step, and trainer.max_steps=-1 sets none",
+          "trainer.max_steps=N, callbacks.drophead_schedule.total=N, or callbacks.drophead_schedule.schedule=constant")
 
 
 def _refuse_study(cfg: Any) -> None:
