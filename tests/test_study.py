@@ -399,8 +399,8 @@ def test_a_study_on_a_gpu_launches_the_same_runs_there(tmp_path):
     from normlab.identity import identity_hash
 
     assert "trainer.accelerator" in NOT_IDENTITY
-    args = parse(["twt_lowres", "trainer.accelerator=gpu"])
-    study = load_study("twt_lowres")
+    args = parse(["twt_lowres_2k", "trainer.accelerator=gpu"])
+    study = load_study("twt_lowres_2k")  # its committed records: the runs a GPU would train again
     jobs = plan(study, tmp_path / "runs", tmp_path / "out")
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):  # as the train command composes
         on_gpu = hydra_compose(config_name="config", overrides=[*jobs[0].overrides, *args.launch])

@@ -78,3 +78,31 @@ def test_studies_that_share_arms_plan_the_same_run_folders(first, second, arms, 
         assert ja[tag].run_dir == jb[tag].run_dir and ja[tag].identity_hash == jb[tag].identity_hash, tag
     for arm in arms:  # seed 1 continues the chosen setting's screen run
         assert ja[f"{arm} seed {a.screen.seed}"].run_dir == screen_run[arm]
+
+
+def test_the_plateau_the_claims_read_is_the_one_the_runs_stop_at():
+    """A study's `plateau:` (how its claims tell a run still improving: budget-bound) is the rule its
+    runs stop by, where they stop at one (callbacks.plateau), and its cap is their trainer.max_steps; a
+    V-shaped DropHead run has no plateau stop (its rate reaches p at trainer.max_steps, the end of its
+    V, so a run stopped sooner would end part-way up it)."""
+    from normlab.study.runner import compose
+    from normlab.study.spec import available
+
+    checked = 0
+    for name in available():
+        study = load_study(name)
+        if study.plateau is None:
+            continue
+        first, *rest = study.arms.values()  # each compose ~1 s: the first arm, and those that change these
+        for arm in [first, *(a for a in rest if any(o.split("=")[0].lstrip("+") in (
+                "trainer.max_steps", "callbacks.plateau.window", "regularizer", "callbacks.drophead_schedule.schedule")
+                for o in a.overrides))]:
+            cfg = compose(study.arm_overrides(arm, study.seeds[0]))
+            assert cfg.trainer.max_steps == study.plateau.cap, f"{name}.{arm.name}"
+            stop = cfg.callbacks.plateau
+            if stop.window is not None:
+                assert (stop.window, stop.min_delta) == (study.plateau.window, study.plateau.min_delta), name
+            if cfg.regularizer.drophead and cfg.callbacks.drophead_schedule.schedule == "v_shape":
+                assert stop.window is None, f"{name}.{arm.name}: a plateau stop would cut its V short"
+                checked += 1
+    assert checked >= 1  # drophead's V-shaped arm
