@@ -358,6 +358,7 @@ def test_every_file_is_synced_before_the_folder_is_published(small_corpus, tmp_p
     assert written <= names, sorted(written - names)  # every file, the texts and the manifest included
 
 
+@pytest.mark.integration
 def test_a_vocabulary_sentencepiece_refuses_is_the_only_line(small_corpus, tmp_path):
     """No progress line before the refusal (was: `tokenizer: training bpe (vocab 100000) on ...`,
     then the error); the progress line comes once the tokenizer is trained."""

@@ -255,6 +255,7 @@ def second_copy(run_dir) -> str:
     return p.stdout.strip()
 
 
+@pytest.mark.integration
 def test_a_failed_job_keeps_its_folder_until_its_failure_is_recorded(tmp_path, monkeypatch):
     """A job that fails is recorded (results.json `failed`) while it still holds its folder: a copy
     started between the failure and its record is refused, and the record is written by the job

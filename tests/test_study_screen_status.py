@@ -136,6 +136,7 @@ def test_a_kept_setting_waits_at_its_rung_and_a_decided_screen_is_one_line(tiny)
                                "steps 3, 6): 1 decided; 4 seed runs: 1 stopped part-way, 3 not started")
 
 
+@pytest.mark.integration
 def test_the_command_plans_a_screened_study_and_writes_nothing(tiny, capsys):
     from normlab.commands.study import main
 
