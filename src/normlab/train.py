@@ -339,9 +339,10 @@ def _train_and_score(leg: _Leg, ckpt_path: Path | None) -> tuple[RunResult, Sign
     finally:
         if status is Status.RUNNING:  # Ctrl-C, a signal while scoring, an exception: not a result
             status = Status.INTERRUPTED
-        result = RunResult(status, reasons, scores, _counters(leg), _provenance(leg))
         preemption = leg.find(Preemption)
         try:  # a SIGTERM / SIGUSR1 from fit's end to here is preemption's to record (callbacks/preemption.py)
+            # built inside: should counting raise (a device lost), the handlers from before still come back
+            result = RunResult(status, reasons, scores, _counters(leg), _provenance(leg))
             if trainer.is_global_zero:
                 write_json(leg.spec.run_dir / "results.json", result.record)
             finish_loggers(leg.loggers, result)

@@ -4,9 +4,9 @@ report, and the verdicts of its claims, written to experiments/<name>/.
     normlab-study twt_lowres                   # python -m normlab.commands.study twt_lowres
     normlab-study twt_lowres --jobs 1          # one run at a time (default on a CPU: 2, a core each)
     normlab-study twt_lowres study.budget=smoke   # the machinery in seconds (a test, not a result)
-    normlab-study twt_lowres --report-only     # judge and write the README from the records alone
+    normlab-study twt_lowres_2k --report-only  # judge and write the README from the records alone
     normlab-study twt_lowres --status          # each planned run's state and the machine-hours left
-    normlab-study twt_lowres --verify pre_ln-s1 --steps 50   # rerun a record's first steps: same losses?
+    normlab-study twt_lowres_2k --verify pre_ln-s1 --steps 50   # rerun a record's first steps: same losses?
     normlab-study twt_lowres trainer.accelerator=gpu   # the same runs on a GPU, one at a time
     normlab-study --list                       # the studies (conf/study/*.yaml)
 
