@@ -66,5 +66,5 @@ def test_the_step_bar_refreshes_every_refresh_rate_steps_and_at_the_last():
         cb.train_progress_bar.shown = []
         for step in range(1, 8):
             trainer = SimpleNamespace(global_step=step, progress_bar_metrics={}, optimizers=[])
-            cb.on_train_batch_end(trainer, SimpleNamespace(train_tokens_per_s=0.0), None, None, step)
+            cb.on_train_batch_end(trainer, SimpleNamespace(stats=SimpleNamespace(tokens_per_s=0.0)), None, None, step)
         assert cb.train_progress_bar.shown == want, rate

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, check, check_bool, check_choice,
                             check_number, check_positive, is_num)
+from normlab.regularizers.rate_schedules import DEFAULT_SCHEDULE
 from normlab.settings import EvalSpec, OptimSpec
 
 
@@ -107,7 +108,7 @@ def _validate_drophead_schedule(node: Any, p: float, max_steps: int) -> None:
     """The V-shaped DropHead schedule rises to p at the run's last step (Zhou et al. 2020;
     regularizers/rate_schedules.py): without trainer.max_steps or the callback's own `total` it has
     none (was: a ValueError traceback at the first training batch, after the corpus was read)."""
-    if node is None or not p or node.get("schedule", "v_shape") != "v_shape" or node.get("total") is not None:
+    if node is None or not p or (node.get("schedule") or DEFAULT_SCHEDULE) != "v_shape" or node.get("total") is not None:
         return
     check(max_steps != -1, "callbacks.drophead_schedule.schedule=v_shape",
           "its rate rises to regularizer.drophead at the last step, and trainer.max_steps=-1 sets none",

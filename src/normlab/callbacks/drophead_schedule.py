@@ -19,14 +19,14 @@ import lightning as L
 
 from normlab.config import check_choice, check_number
 from normlab.regularizers.drophead import set_drophead_p
-from normlab.regularizers.rate_schedules import SCHEDULES, schedule_value
+from normlab.regularizers.rate_schedules import DEFAULT_SCHEDULE, SCHEDULES, schedule_value
 from normlab.settings import OptimSpec
 
 KEY = "callbacks.drophead_schedule"
 
 
 class DropHeadSchedule(L.Callback):
-    def __init__(self, p: float, schedule: str = "v_shape", warmup: int | None = None,
+    def __init__(self, p: float, schedule: str = DEFAULT_SCHEDULE, warmup: int | None = None,
                  total: int | None = None, p_start: float | None = None, optim: OptimSpec = OptimSpec()):
         check_choice(f"{KEY}.schedule", schedule, SCHEDULES)
         # rates are probabilities; p is regularizer.drophead's (checked there too, for a node built by hand)

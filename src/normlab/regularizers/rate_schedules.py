@@ -12,6 +12,7 @@ with p_start = p_end by default; beyond `total` p stays p_end. warmup = 0 skips 
 from __future__ import annotations
 
 SCHEDULES = ("constant", "v_shape")
+DEFAULT_SCHEDULE = "v_shape"  # Zhou et al. 2020's: callbacks.drophead_schedule and its config check
 
 
 def constant(step: int, p: float, **_) -> float:
