@@ -90,6 +90,9 @@ def median(xs: list[float]) -> float:
 def device_part(dry: bool, work: Path, out) -> None:
     dev = device(dry)
     if dev.type == "cuda":
+        from normlab.model.attention import shape_free_sdpa
+
+        shape_free_sdpa(dev)  # as train.py and the decoding commands run (no cuDNN attention): what they use
         p = torch.cuda.get_device_properties(0)
         b = torch.backends.cuda
         out([f"- GPU: {p.name}, {p.total_memory / 2 ** 30:.1f} GiB, compute capability {p.major}.{p.minor}, "

@@ -63,27 +63,61 @@ def test_training_step_reads_nothing_back_from_the_device(small_corpus, tmp_path
         return out
 
     monkeypatch.setattr(Seq2SeqModule, "training_step", counting_step)
+    asked = []  # the device train.py hands to shape_free_sdpa: the one the run trains on
+    monkeypatch.setattr("normlab.train.shape_free_sdpa", asked.append)
     results, run_dir = _run(small_corpus, tmp_path)
     assert results["status"] == "completed" and len(counted) == 6
+    assert asked == [torch.device("cpu")]
     assert counted == [[]] * 6
     # Losses are logged on the logger's steps only (log_every_n_steps=2), and every one of them.
     rows = [r for r in csv.DictReader(open(run_dir / "csv" / "metrics.csv")) if r.get("train/loss")]
     assert [int(r["step"]) for r in rows] == [1, 3, 5]
 
 
-def test_adam_is_fused_on_gpu_unless_fp16_scaling_meets_clipping():
+def test_adam_is_fused_on_gpu_with_foreach_on_cpu():
     module = SimpleNamespace(optim_spec=OptimSpec(clip_norm=0.0), _attached_trainer=lambda: SimpleNamespace(precision="bf16-mixed"))
-    impl = Seq2SeqModule._adam_impl
 
-    def on(device_type, **kw):
+    def on(device_type):
         params = [SimpleNamespace(device=torch.device(device_type))]
-        return impl(SimpleNamespace(**vars(module), **kw, parameters=lambda: iter(params)))
+        return Seq2SeqModule._adam_impl(SimpleNamespace(**vars(module), parameters=lambda: iter(params)))
 
     assert on("cpu") == {"foreach": True}
     assert on("cuda") == {"fused": True}
     assert on("meta") == {}
-    fp16_clip = {"optim_spec": OptimSpec(clip_norm=1.0), "_attached_trainer": lambda: SimpleNamespace(precision="16-mixed")}
-    assert impl(SimpleNamespace(**fp16_clip, parameters=lambda: iter([SimpleNamespace(device=torch.device("cuda"))]))) == {}
+
+
+def test_shape_free_sdpa_leaves_cudnn_out_on_cuda_only(monkeypatch):
+    """cuDNN's attention plans each new shape (278 ms a step on an H100 where flash ran 27 ms:
+    model/attention.py); off on CUDA, nothing changed on CPU."""
+    from normlab.model.attention import shape_free_sdpa
+
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    assert shape_free_sdpa("cpu") is False and shape_free_sdpa(torch.device("cpu")) is False and calls == []
+    assert shape_free_sdpa(torch.device("cuda", 0)) is True and calls == [False]
+    assert shape_free_sdpa("cuda") is True and calls == [False, False]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true", "bf16-true"])
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_the_adam_chosen_for_a_gpu_is_one_lightning_clips(precision, clip):
+    """Lightning's precision plugin for `precision` clips the gradients of the Adam adam_on_gpu builds
+    (fused Adam CPU kernels stand in for CUDA's: the refusal reads the optimizer, not the device). On an
+    H100 (2026-11-27) trainer=gpu with optim.clip_norm=1.0 stopped at its first step: Lightning refuses
+    clipping for a fused optimizer under bf16-mixed too, not only fp16's loss scaling."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+    from normlab.lit_module import adam_on_gpu
+
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.full((3,), 2.0)
+    opt = torch.optim.Adam([w], **adam_on_gpu(precision, clip > 0))
+    plugin = (MixedPrecision(precision, "cpu", scaler=torch.amp.GradScaler("cpu") if precision == "16-mixed" else None)
+              if "mixed" in precision else Precision())
+    plugin.clip_gradients(opt, clip)  # raises RuntimeError for a fused Adam under mixed precision
+    norm = float(w.grad.norm())
+    assert norm == pytest.approx(min(clip, 12 ** 0.5) if clip else 12 ** 0.5, rel=1e-5)
+    if clip == 0.0 or "mixed" not in precision:
+        assert opt.defaults["fused"], "fused wherever Lightning allows it"
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

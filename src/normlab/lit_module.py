@@ -57,6 +57,12 @@ def score_line(label: str, logged: dict[str, float], result: dict) -> str:
     return f"{label}: {shown}{subset}{partial}"
 
 
+def adam_on_gpu(precision: str, clipping: bool) -> dict:
+    """torch.optim.Adam's implementation flags for a run on CUDA at Lightning `precision`: fused unless
+    clipping under mixed precision, which Lightning's MixedPrecision plugin refuses for fused Adam."""
+    return {} if clipping and "mixed" in precision else {"fused": True}
+
+
 @dataclass
 class TrainStats:
     """What training leaves for the callbacks, a field the module declares (Seq2SeqModule.stats)
@@ -202,8 +208,10 @@ class Seq2SeqModule(L.LightningModule):
 
     def _adam_impl(self) -> dict:
         # GPU: the fused kernel (one launch for every parameter, no per-step host syncs), except with
-        # fp16 loss scaling + clipping, which Lightning refuses for optimizers that unscale inside
-        # step(); there torch's default (foreach on GPU). CPU: foreach, whose result is torch's
+        # clipping under mixed precision (bf16-mixed as fp16-mixed): Lightning's MixedPrecision plugin
+        # refuses to clip for any optimizer that could unscale inside step() (fused Adam does), so
+        # there torch's default (foreach on GPU). Seen on an H100, 2026-11-27: trainer=gpu with
+        # optim.clip_norm=1.0 stopped at the first step (benchmarks/README.md, GPU check). CPU: foreach, whose result is torch's
         # default per-parameter loop's bit for bit (the same ops per tensor, looped in C++; CPU's
         # fused kernel is not: tests/test_speed.py), with fewer ops called from Python (issue 21;
         # torch's Adam still reads each parameter's step with .item(), free on CPU). A resumed run
@@ -214,8 +222,7 @@ class Seq2SeqModule(L.LightningModule):
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
         precision = str(getattr(self._attached_trainer(), "precision", ""))
-        clipping = float(self.optim_spec.clip_norm) > 0
-        return {} if precision.startswith("16") and clipping else {"fused": True}
+        return adam_on_gpu(precision, float(self.optim_spec.clip_norm) > 0)
 
     # ---- validation / test ----------------------------------------------------------------------
     # Validation during training runs in Lightning's loop (validation_step, on_validation_epoch_*);

@@ -29,6 +29,7 @@ from normlab.callbacks import RunValues, instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.hardware import cpu_info, cpu_seconds, device_text
 from normlab.lit_module import Seq2SeqModule
+from normlab.model.attention import shape_free_sdpa
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
 from normlab.provenance import code_legs, code_version
@@ -301,6 +302,7 @@ def _build_trainer(leg: _Leg) -> Path | None:
                                           plugins=_plugins(), default_root_dir=str(spec.run_dir),
                                           enable_progress_bar=bar, **overrides)
     restore_csv_histories(leg.trainer.loggers, histories)
+    shape_free_sdpa(leg.trainer.strategy.root_device)  # no per-shape cuDNN attention plans (model/attention.py)
     if ckpt_path is not None:
         log.info("continuing from %s (step %s)", ckpt_path, cont.step if cont.checkpoint else leg.start.step)
     return ckpt_path

@@ -9,6 +9,7 @@ import torch
 
 from normlab.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from normlab.errors import CommandParser, UserError, report, show_tracebacks, user_error_types  # noqa: F401 (re-export)
+from normlab.model.attention import shape_free_sdpa
 
 
 class CommandError(UserError):
@@ -71,6 +72,7 @@ def load(checkpoint: str | os.PathLike, device: str = "cpu"):
     model, tok = load_model(path)
     if tok is None:
         raise CheckpointError(str(path), "not a normlab checkpoint (no tokenizer_proto)")
+    shape_free_sdpa(device)  # decoding changes shape every step: no per-shape cuDNN plans (model/attention.py)
     return model.to(device), tok, path
 
 

@@ -138,6 +138,20 @@ class QKVNorm(nn.Module):
         return "q, k, v per head"
 
 
+def shape_free_sdpa(device: torch.device | str) -> bool:
+    """On CUDA, leave cuDNN out of the backends F.scaled_dot_product_attention may pick (process-wide,
+    torch.backends.cuda.enable_cudnn_sdp); True when it did. cuDNN's attention builds an execution plan
+    for every new input shape, and translation's token-bucketed batches and decoding steps change shape
+    almost every call. Measured on an H100 (torch 2.11.0+cu130, 2026-11-27; benchmarks/README.md, GPU
+    check): make train's model over 60 corpus batches (53 shapes) ran a median 413 ms a step with cuDNN
+    allowed, 22 ms without (the flash / memory-efficient kernels, which need no plan); train.py
+    trainer=gpu 278 -> 27 ms a step. Fixed-shape batches (the peers' benchmark) never showed it."""
+    if torch.device(device).type != "cuda":
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 def henry_scale_init(length: int) -> float:
     # Henry et al. 2020: g₀ = log₂(L² − L) for sequences of L tokens.
     return math.log2(length * length - length)
