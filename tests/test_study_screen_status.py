@@ -117,6 +117,21 @@ def test_the_replay_ranks_each_rung_as_the_study_does_and_plans_the_chosen_setti
     assert "left: about 1.17 CPU-hours" in lines[-1] and " 42 training steps " in lines[-1]
 
 
+def test_a_completed_setting_run_is_ranked_by_its_value_at_each_rung(tiny):
+    """A setting whose run completed (a run another study trained to its end, shared) is ranked at each
+    rung by the value it logged there, as screen_run ranks it, not shown as left without one."""
+    study, runs, out, jobs = tiny
+    fake(jobs[W2].run_dir, "completed", 12, 1200.0, {3: 4.0, 6: 3.0, 9: 2.5, 12: 2.0})
+    fake(jobs[W4].run_dir, "stopped", 3, 300.0, {3: 5.0}, ckpt=3)
+    fake(jobs[H2].run_dir, "stopped", 6, 600.0, {3: 4.5, 6: 3.5}, ckpt=6)
+    fake(jobs[H4].run_dir, "stopped", 3, 300.0, {3: 6.0}, ckpt=3)
+    r = replay(study, study.arms["a"], jobs)
+    assert [s.state for s in r.settings] == ["chosen", "left", "left", "left"] and r.chosen.name == W2
+    assert r.chosen.value == 3.0  # its value at the last rung (6), not at its end
+    assert flat(screened_status_lines(study, runs, out, None)[2]) == (
+        f"{W2} chosen at rung 6: valid_loss 3.000; its run is the arm's seed 1")
+
+
 def test_a_kept_setting_waits_at_its_rung_and_a_decided_screen_is_one_line(tiny):
     study, runs, out, jobs = tiny
     fake(jobs[W2].run_dir, "stopped", 3, 300.0, {3: 5.0}, ckpt=3)

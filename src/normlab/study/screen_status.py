@@ -78,8 +78,9 @@ def _state(job: Job, rung: int, by: str) -> Setting:
                        "it is there", 0)
     res = run_results(job) or {}
     status, steps = res.get("status"), int(res.get("steps") or 0)
-    if status in FINISHED:
-        return Setting(name, status, f"{status} at step {steps}", steps, res)
+    if status in FINISHED:  # a completed run (e.g. another study's, trained to its cap) is ranked by its value
+        value = rung_value(job.run_dir, rung, by) if status == "completed" else None  # as screen_run ranks it
+        return Setting(name, status, f"{status} at step {steps}", steps, res, value)
     if status == "stopped" and steps >= rung:  # paused at the rung (or past it, continuing)
         s = Setting(name, "at rung", "", steps, res, rung_value(job.run_dir, rung, by))
         s.text = f"at rung {rung}: {_value(s, by)}"
