@@ -65,6 +65,8 @@ NEUTRAL = {
     "callbacks.plateau": {"_target_": "normlab.callbacks.plateau.PlateauStop", "window": None, "min_delta": 0.01,
                           "monitor": "valid/loss"},
     "eval.valid_subset": None,  # validation BLEU on a subset of the valid set (issue 36): off, all of it
+    "optim.optimizer": "adam",  # AdamW's parameter groups (issue 38): off, Adam on every parameter as before
+    "optim.no_decay": ["embeddings", "gains", "biases", "scheme"],  # read by optimizer=adamw alone
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

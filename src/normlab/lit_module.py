@@ -30,6 +30,7 @@ from normlab.config import ModelConfig
 from normlab.evaluation import make_decoder, ordered, score, subset_rows, translate_batches
 from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
+from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
 from normlab.private_api import logs_this_step
 from normlab.scoring import num_batches
@@ -200,8 +201,7 @@ class Seq2SeqModule(L.LightningModule):
     def configure_optimizers(self):
         o = self.optim_spec
         peak = peak_lr(self.model_cfg.d_model, o.warmup, o.lr, o.scale)
-        opt = torch.optim.Adam(self.parameters(), lr=peak, betas=tuple(o.betas), eps=o.eps,
-                               weight_decay=o.weight_decay, **self._adam_impl())
+        opt = build_optimizer(self.model, o, peak, self._adam_impl())  # optim.optimizer: adam | adamw
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(o.schedule, s + 1, o.warmup))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from normlab.config import check, check_bool, check_choice, check_number, is_num
+from normlab import optimizers
 from normlab.evaluation import make_decoder
 from normlab.losses import CONVENTIONS as LABEL_SMOOTHING_CONVENTIONS
 from normlab.lr_schedule import SCHEDULES as LR_SCHEDULES
@@ -35,7 +36,8 @@ def _of(cls, group: str, values: Mapping[str, Any] | None):
 
 @dataclass(frozen=True)
 class OptimSpec:
-    """Adam with linear warmup, then the LR schedule; the defaults are Vaswani et al. 2017, 5.3-5.4."""
+    """Adam (or AdamW by parameter groups: optimizers.py) with linear warmup, then the LR schedule; the
+    defaults are Vaswani et al. 2017, 5.3-5.4."""
     lr: float | None = None          # the peak, at step == warmup; None: scale * d_model^-0.5 * warmup^-0.5
     scale: float = 1.0               # read only when lr is None
     schedule: str = "inverse_sqrt"   # lr_schedule.SCHEDULES
@@ -47,6 +49,8 @@ class OptimSpec:
     label_smoothing: float = 0.1
     label_smoothing_convention: str = "uniform"  # losses.CONVENTIONS
     tokens_per_update: int | None = None  # target tokens per optimizer step (budget.py); None: none
+    optimizer: str = "adam"          # optimizers.OPTIMIZERS: adam (coupled L2 on every parameter) | adamw
+    no_decay: Any = optimizers.EXEMPTABLE  # adamw's groups without weight decay (optimizers.py); adam ignores it
 
     @classmethod
     def of(cls, values: Mapping[str, Any] | None) -> "OptimSpec":
@@ -63,6 +67,11 @@ class OptimSpec:
         check_number("optim.clip_norm", self.clip_norm, "a number >= 0 (0: no clipping)", lambda v: v >= 0)
         check_number("optim.eps", self.eps, "a number > 0", lambda v: v > 0)
         check_number("optim.weight_decay", self.weight_decay, "a number >= 0", lambda v: v >= 0)
+        check_choice("optim.optimizer", self.optimizer, optimizers.OPTIMIZERS)
+        groups = list(self.no_decay) if isinstance(self.no_decay, (list, tuple)) else None
+        check(groups is not None and all(g in optimizers.EXEMPTABLE for g in groups), "optim.no_decay",
+              f"{self.no_decay!r} is not a list of parameter groups",
+              f"a list of {', '.join(optimizers.EXEMPTABLE)} (the matrices are always decayed)")
         b = self.betas
         betas = list(b) if hasattr(b, "__len__") and not isinstance(b, str) else [b]
         check(len(betas) == 2 and all(is_num(x) and 0 <= x < 1 for x in betas), "optim.betas",
