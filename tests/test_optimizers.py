@@ -126,3 +126,33 @@ def test_a_two_step_adamw_run_trains_and_logs_its_groups(small_corpus, tmp_path,
     log = caplog.text  # the run log's lines (train.log under the command, the same logger)
     assert "optim adamw group matrices: weight_decay 0.1, " in log and "optim adamw group gains: weight_decay 0, " in log
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "completed"
+
+
+def _clip_run(small_corpus, tmp_path, name, clip):
+    import csv
+
+    from normlab.train import run
+
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / name, tmp_path / "cache")
+                      + [f"optim.clip_norm={clip}", "trainer.max_steps=4", "trainer.log_every_n_steps=1",
+                         "trainer.val_check_interval=4", "eval.valid_bleu=false", "eval.test=false"])
+    assert run(cfg)["status"] == "completed"
+    rows = list(csv.DictReader(open(tmp_path / name / "csv" / "metrics.csv")))
+    return [r["train/loss"] for r in rows if r.get("train/loss")], [r.get("train/clip_rate") for r in rows
+                                                                      if r.get("train/clip_rate")]
+
+
+@pytest.mark.integration
+def test_the_clip_rate_is_logged_and_clipping_is_lightnings_own(small_corpus, tmp_path, monkeypatch):
+    """train/clip_rate: the share of updates whose gradient norm exceeded optim.clip_norm (every one at a
+    limit of 1e-9, none at 1e9); the losses equal those of Lightning's own configure_gradient_clipping."""
+    import lightning as L
+
+    from normlab.lit_module import Seq2SeqModule
+
+    losses, rates = _clip_run(small_corpus, tmp_path, "tight", 1e-9)
+    assert len(losses) == 4 and [float(r) for r in rates] == [1.0] * 4
+    assert [float(r) for r in _clip_run(small_corpus, tmp_path, "loose", 1e9)[1]] == [0.0] * 4
+    monkeypatch.setattr(Seq2SeqModule, "configure_gradient_clipping", L.LightningModule.configure_gradient_clipping)
+    plain_losses, plain_rates = _clip_run(small_corpus, tmp_path, "lightning", 1e-9)
+    assert plain_losses == losses and plain_rates == []  # the same updates, bit for bit (the CSV's digits)

@@ -73,6 +73,10 @@ class TrainStats:
     # target tokens): the loss sums on the device, read by no one here (no host sync per step)
     tokens: int = 0  # target tokens trained, over every leg of the run
     seconds: float = 0.0  # seconds in training steps, over every leg
+    # optim.clip_norm > 0: the updates since the last logged step, and how many of them clipping
+    # shortened (a device tensor: no host sync per step); logged as train/clip_rate
+    clip_steps: int = 0
+    clipped: torch.Tensor | float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -179,6 +183,18 @@ class Seq2SeqModule(L.LightningModule):
             if p.grad is not None:
                 p.grad.mul_(scale)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping unchanged (trainer.gradient_clip_val = optim.clip_norm: torch's
+        clip_grad_norm_ through the precision plugin), and the clip rate beside it: whether this update's
+        global gradient norm exceeded the limit, counted on the device (issue 38)."""
+        if gradient_clip_val:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if grads:
+                over = (torch.nn.utils.get_total_norm(grads) > gradient_clip_val).float()
+                self.stats.clipped = self.stats.clipped + over
+                self.stats.clip_steps += 1
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()
 
@@ -190,6 +206,9 @@ class Seq2SeqModule(L.LightningModule):
             rank_zero_info(f"model.compile: the first training step took {seconds:.1f} s (compilation included)")
         if self.stats.seconds > 0 and self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
             self.log("train/tokens_per_s", self.stats.tokens_per_s, prog_bar=False)
+            if self.stats.clip_steps:  # the share of the updates since the last log that clipping shortened
+                self.log("train/clip_rate", self.stats.clipped / self.stats.clip_steps, prog_bar=False)
+                self.stats.clipped, self.stats.clip_steps = 0.0, 0
 
     def throughput_counters(self) -> dict[str, float]:
         """The target tokens and seconds trained so far (full checkpoints carry them across legs)."""
