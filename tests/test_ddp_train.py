@@ -114,7 +114,7 @@ def test_two_process_validation_bleu_on_a_subset(small_corpus, tmp_path):
         total = ntok = 0.0
         with torch.no_grad():
             for b in dm.dataloader("valid"):
-                lo, _ = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
+                lo, _, _ = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
                                    model.cfg.pad_id, cfg.optim.get("label_smoothing_convention", "uniform"))
                 total, ntok = total + lo.item(), ntok + int(b["tgt_out"].ne(model.cfg.pad_id).sum())
         assert loss == pytest.approx(total / ntok, rel=1e-6)  # float32 in the CSV

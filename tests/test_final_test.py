@@ -103,7 +103,7 @@ def independent_scores(run_dir: Path, cfg, ckpt: Path, split: str, decoder: dict
     loss = nll = ntok = 0.0
     with torch.no_grad():
         for b in dm.dataloader(split):
-            lo, nl = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
+            lo, nl, _ = model_loss(model, b["src"], b["tgt_in"], b["tgt_out"], cfg.optim.label_smoothing,
                                 model.cfg.pad_id, cfg.optim.get("label_smoothing_convention", "uniform"))
             loss, nll, ntok = loss + lo.item(), nll + nl.item(), ntok + int(b["tgt_out"].ne(model.cfg.pad_id).sum())
     refs = dm.references(split)

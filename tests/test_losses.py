@@ -107,7 +107,7 @@ def test_projected_loss_equals_the_loss_of_the_logits(convention, chunk_rows, mo
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 7, generator=g, dtype=torch.float64, requires_grad=True)
-    loss, nll = losses.projected_label_smoothed_nll(x, w, target, 0.2, PAD, convention)
+    loss, nll, _ = losses.projected_label_smoothed_nll(x, w, target, 0.2, PAD, convention)
     ref_loss, ref_nll = label_smoothed_nll(x @ w.t(), target, 0.2, PAD, convention)
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(nll, ref_nll)
@@ -129,7 +129,7 @@ def test_model_loss_equals_the_loss_of_the_model_logits(kw):
     _, target = _data(8)
     src = torch.randint(3, 11, (3, 4))
     tgt_in = torch.randint(3, 11, (3, 5))
-    loss, nll = model_loss(model, src, tgt_in, target, 0.1, PAD)
+    loss, nll, _ = model_loss(model, src, tgt_in, target, 0.1, PAD)
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     ref, ref_nll = label_smoothed_nll(model(src, tgt_in), target, 0.1, PAD)
     ref_grads = torch.autograd.grad(ref, list(model.parameters()), allow_unused=True)
@@ -148,7 +148,7 @@ def test_projected_loss_under_bf16_autocast():
     x = torch.randn(3, 5, 7, generator=g, requires_grad=True)
     w = torch.randn(11, 7, generator=g, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = projected_label_smoothed_nll(x, w, target, 0.1, PAD)
+        loss, _, _ = projected_label_smoothed_nll(x, w, target, 0.1, PAD)
     gx, gw = torch.autograd.grad(loss, (x, w))
     ref = label_smoothed_nll(x @ w.t(), target, 0.1, PAD)[0]
     ref_gx, ref_gw = torch.autograd.grad(ref, (x, w))

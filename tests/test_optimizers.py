@@ -156,3 +156,57 @@ def test_the_clip_rate_is_logged_and_clipping_is_lightnings_own(small_corpus, tm
     monkeypatch.setattr(Seq2SeqModule, "configure_gradient_clipping", L.LightningModule.configure_gradient_clipping)
     plain_losses, plain_rates = _clip_run(small_corpus, tmp_path, "lightning", 1e-9)
     assert plain_losses == losses and plain_rates == []  # the same updates, bit for bit (the CSV's digits)
+
+
+@pytest.mark.parametrize("z", [0.0, 1e-4, 0.3])
+def test_z_loss_and_its_gradient_are_palms_formula(z):
+    """optim.z_loss: the objective adds z·Σ log²Z over non-pad targets (Chowdhery et al. 2022, PaLM,
+    section 5: z_loss = 1e-4 · log² Z); the chunked loss's value and gradients equal autograd's through
+    the plain formula on full logits (fp64, several chunks); z = 0 is the smoothed loss itself."""
+    from normlab import losses
+
+    g = torch.Generator().manual_seed(3)
+    N, D, V, PAD = 37, 8, 29, 0
+    x = torch.randn(N, D, generator=g, dtype=torch.float64) * 3
+    w = torch.randn(V, D, generator=g, dtype=torch.float64)
+    target = torch.randint(1, V, (N,), generator=g)
+    target[::5] = PAD
+    keep = target.ne(PAD).double()
+    old = losses.CHUNK_ELEMENTS["cpu"]
+    losses.CHUNK_ELEMENTS["cpu"] = 4 * V  # 4 rows a chunk: the sums cross chunks
+    try:
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        objective, nll, log_z2 = losses.projected_label_smoothed_nll(xa, wa, target, 0.1, PAD, "uniform", z)
+        objective.backward()
+        plain = losses.projected_label_smoothed_nll(x, w, target, 0.1, PAD)[0]  # the call without z_loss
+    finally:
+        losses.CHUNK_ELEMENTS["cpu"] = old
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    logits = xr @ wr.t()
+    lprobs = logits.log_softmax(-1)
+    smoothed = -(0.9 * lprobs.gather(1, target[:, None]).squeeze(1) + 0.1 / V * lprobs.sum(-1))
+    lse = torch.logsumexp(logits, -1)
+    reference = (smoothed * keep).sum() + z * (lse.square() * keep).sum()
+    reference.backward()
+    torch.testing.assert_close(objective, reference, rtol=1e-12, atol=1e-10)
+    expected_z2 = (lse.square() * keep).sum().detach() if z else torch.zeros((), dtype=torch.float64)  # not computed
+    torch.testing.assert_close(log_z2, expected_z2, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(xa.grad, xr.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(wa.grad, wr.grad, rtol=1e-10, atol=1e-12)
+    if z == 0.0:
+        assert torch.equal(objective.detach(), plain)  # no z-loss: today's value, bit for bit
+
+
+@pytest.mark.integration
+def test_a_z_loss_run_logs_its_part(small_corpus, tmp_path):
+    import csv
+
+    from normlab.train import run
+
+    cfg = compose_cfg(tiny_overrides(small_corpus, tmp_path / "run", tmp_path / "cache")
+                      + ["optim.z_loss=1e-4", "trainer.max_steps=2", "trainer.log_every_n_steps=1",
+                         "eval.valid_bleu=false", "eval.test=false"])
+    assert run(cfg)["status"] == "completed"
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r.get("train/z_loss")]
+    # log Z of a near-uniform softmax over the 300-word vocabulary is about log 300 = 5.7: z·log²Z ≈ 3.3e-3
+    assert len(rows) == 2 and all(1e-3 < float(r["train/z_loss"]) < 1e-2 for r in rows)

@@ -67,6 +67,7 @@ NEUTRAL = {
     "eval.valid_subset": None,  # validation BLEU on a subset of the valid set (issue 36): off, all of it
     "optim.optimizer": "adam",  # AdamW's parameter groups (issue 38): off, Adam on every parameter as before
     "optim.no_decay": ["embeddings", "gains", "biases", "scheme"],  # read by optimizer=adamw alone
+    "optim.z_loss": 0.0,  # the output softmax's z-loss (issue 38): off
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

@@ -119,27 +119,31 @@ class Seq2SeqModule(L.LightningModule):
         self.reset_eval()
 
     # ---- training ---------------------------------------------------------------------------
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _loss(self, batch: dict, z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
         # The output projection and the loss in row chunks: no (B, T, V) logits (losses.model_loss).
+        # z_loss: training's objective only (optim.z_loss); validation and test losses never include it.
         o = self.optim_spec
-        loss, nll = model_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], o.label_smoothing,
-                               self.model_cfg.pad_id, o.label_smoothing_convention)
+        loss, nll, log_z2 = model_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], o.label_smoothing,
+                                       self.model_cfg.pad_id, o.label_smoothing_convention, z_loss)
         # collate counts the non-pad labels on the host: no device sync per step to read it back
         ntok = batch.get("ntokens")
         ntok = int(batch["tgt_out"].ne(self.model_cfg.pad_id).sum()) if ntok is None else int(ntok)
-        return loss, nll, ntok
+        return loss, nll, ntok, log_z2
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # No host syncs here (a GPU step would wait for the previous one to finish): the token count
         # comes from collate on the host, DDP reduces it on the device, and tensors are logged only
         # on the steps the logger writes (the progress bar reads logged tensors back at every step).
-        loss, nll, ntok = self._loss(batch)
+        z = self.optim_spec.z_loss
+        loss, nll, ntok, log_z2 = self._loss(batch, z)
         n = max(ntok, 1)
         self.stats.tokens += ntok
         self.stats.step_sums = (loss.detach(), nll.detach(), ntok)
-        if logs_this_step(self):
+        if logs_this_step(self):  # with optim.z_loss, train/loss is the objective and train/z_loss its z part
             self.log_dict({"train/loss": loss.detach() / n, "train/nll": nll.detach() / n}, prog_bar=True,
                           batch_size=n)
+            if z:
+                self.log("train/z_loss", z * log_z2 / n, prog_bar=False, batch_size=n)
             self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
         if self._accumulation() > 1:  # summed loss; on_before_optimizer_step divides by the update's tokens
             self._update_tokens += ntok
@@ -269,7 +273,7 @@ class Seq2SeqModule(L.LightningModule):
     def eval_step(self, batch: dict, decode=None) -> None:
         """Add one batch (this rank's) to the pass: its teacher-forced loss sums and, with `decode`,
         its hypotheses (evaluation.translate_batches)."""
-        loss, nll, ntok = self._loss(batch)
+        loss, nll, ntok, _ = self._loss(batch)
         # keyed by the batch's first sentence: under DDP each rank's shard is padded with repeats of
         # other batches (TokenBatchSampler), which must count once, as their hypotheses do
         self._batch_sums[int(batch["idx"][0])] = (loss.item(), nll.item(), ntok)

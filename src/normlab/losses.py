@@ -37,12 +37,14 @@ def _grad_coefficients(coef_onehot: torch.Tensor, coef_uniform: torch.Tensor, V:
 
 
 def _logit_grad_(lprobs: torch.Tensor, target: torch.Tensor, keep: torch.Tensor,
-                 coefs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                 coefs: tuple[torch.Tensor, ...], z_rows: torch.Tensor | None = None) -> torch.Tensor:
     # In place: log-probs -> keep · ((c_1 + c_u·V)·p - c_1·onehot - c_u), the gradient wrt the logits
     # of c_1·nll + c_u·smooth; coefs from _grad_coefficients, target (N, 1). (-c)·keep is -(c·keep)
-    # bit for bit: rounding to nearest is symmetric in the sign.
+    # bit for bit: rounding to nearest is symmetric in the sign. z_rows (N,): the z-loss's
+    # d(z·log²Z)/d logits = 2z·log Z · p per kept row, added to p's factor (None: no z-loss).
     scale, neg_uniform, neg_onehot = coefs
-    grad = torch.addcmul((neg_uniform * keep)[:, None], lprobs.exp_(), (scale * keep)[:, None], out=lprobs)
+    p_factor = scale * keep if z_rows is None else scale * keep + z_rows
+    grad = torch.addcmul((neg_uniform * keep)[:, None], lprobs.exp_(), p_factor[:, None], out=lprobs)
     return grad.scatter_add_(1, target, (neg_onehot * keep)[:, None])  # addcmul: one pass
 
 
@@ -102,7 +104,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     # gradient, (V, D) for its share of dL/dW, and its dL/dx rows straight into dL/dx: on CPU fresh
     # tensors of that size in every chunk cost 10-15% of the loss. Bit for bit the same sums.
     @staticmethod
-    def forward(ctx, x, weight, target, a: float, b: float, pad_id: int, grads: bool):
+    def forward(ctx, x, weight, target, a: float, b: float, pad_id: int, grads: bool, z: float = 0.0):
         N, V = x.size(0), weight.size(0)
         rows = max(1, CHUNK_ELEMENTS.get(x.device.type, 1 << 22) // V)
         acc = torch.promote_types(x.dtype, torch.float32)
@@ -112,7 +114,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         wt = wm.t()  # once, not per chunk (issue 21: ops per step at small shapes)
         one = torch.ones((), dtype=acc, device=x.device)
         coefs = _grad_coefficients(one * a, one * b, V) if grads else None
-        loss, nll = x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc)
+        loss, nll, zsum = x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc), x.new_zeros((), dtype=acc)
         gx = torch.empty_like(x) if grads else None
         gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if grads else None
         logits_buf = torch.empty(min(rows, N), V, dtype=mm, device=x.device)
@@ -126,8 +128,13 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
             tc = tc[:, None]  # (C, 1), as _sums and _logit_grad_ take it
             n, s = _sums(lprobs, tc, keep)
             loss, nll = loss + a * n + b * s, nll + n
+            z_rows = None
+            if z:  # z-loss (PaLM, Chowdhery et al. 2022, 5): z·log²Z per kept target, log Z = logit - log-prob
+                log_z = logits[:, 0].to(acc) - lprobs[:, 0]  # (C,): log_softmax's own normaliser
+                zsum = zsum + (log_z.square() * keep).sum()
+                z_rows = (2.0 * z) * log_z * keep
             if grads:
-                g = _logit_grad_(lprobs, tc, keep, coefs)  # (C, V)
+                g = _logit_grad_(lprobs, tc, keep, coefs, z_rows)  # (C, V)
                 g = g if g.dtype == mm else g.to(mm)  # no aten::to call when already there (fp32)
                 if gx.dtype == mm:
                     torch.mm(g, wm, out=gx[i:i + rows])
@@ -136,26 +143,31 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                 gw += torch.mm(g.t(), xc, out=gw_buf)
         ctx.save_for_backward(gx, gw)
         ctx.weight_dtype = weight.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
+        ctx.mark_non_differentiable(nll, zsum)
+        return (loss + z * zsum if z else loss), nll, zsum
 
     @staticmethod
-    def backward(ctx, g_loss, g_nll):
+    def backward(ctx, g_loss, g_nll, g_zsum):
         gx, gw = ctx.saved_tensors
-        return gx * g_loss, (gw * g_loss).to(ctx.weight_dtype), None, None, None, None, None
+        return gx * g_loss, (gw * g_loss).to(ctx.weight_dtype), None, None, None, None, None, None
 
 
 def projected_label_smoothed_nll(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float,
-                                 pad_id: int, convention: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
-    """label_smoothed_nll(x @ weight.T, ...) for x (..., D), weight (V, D), without the logits tensor.
-    Only the loss is differentiable (the nll is for logging)."""
+                                 pad_id: int, convention: str = "uniform", z_loss: float = 0.0
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """label_smoothed_nll(x @ weight.T, ...) for x (..., D), weight (V, D), without the logits tensor:
+    (objective, nll, Σ log²Z), each summed over non-pad targets. The objective is the smoothed loss,
+    plus z_loss · Σ log²Z when z_loss > 0 (at 0, Σ log²Z is not computed: 0). Only the objective is
+    differentiable."""
     a, b = _coefficients(eps, weight.size(0), convention)
     grads = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return _ProjectedSmoothedNLL.apply(x.reshape(-1, x.size(-1)), weight, target.reshape(-1), a, b, pad_id, grads)
+    return _ProjectedSmoothedNLL.apply(x.reshape(-1, x.size(-1)), weight, target.reshape(-1), a, b, pad_id, grads,
+                                       float(z_loss))
 
 
 def model_loss(model, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, eps: float, pad_id: int,
-               convention: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
-    """The training loss of a Seq2SeqTransformer: (smoothed loss, nll) summed over non-pad targets."""
+               convention: str = "uniform", z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training objective of a Seq2SeqTransformer: (smoothed loss [+ z-loss], nll, Σ log²Z) summed
+    over non-pad targets."""
     x, weight = model.output_projection.operands(model(src, tgt_in, project=False))
-    return projected_label_smoothed_nll(x, weight, tgt_out, eps, pad_id, convention)
+    return projected_label_smoothed_nll(x, weight, tgt_out, eps, pad_id, convention, z_loss)

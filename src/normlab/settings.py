@@ -49,6 +49,7 @@ class OptimSpec:
     label_smoothing: float = 0.1
     label_smoothing_convention: str = "uniform"  # losses.CONVENTIONS
     tokens_per_update: int | None = None  # target tokens per optimizer step (budget.py); None: none
+    z_loss: float = 0.0              # coefficient of z·log²Z added to the training objective (PaLM); 0: none
     optimizer: str = "adam"          # optimizers.OPTIMIZERS: adam (coupled L2 on every parameter) | adamw
     no_decay: Any = optimizers.EXEMPTABLE  # adamw's groups without weight decay (optimizers.py); adam ignores it
 
@@ -68,6 +69,7 @@ class OptimSpec:
         check_number("optim.eps", self.eps, "a number > 0", lambda v: v > 0)
         check_number("optim.weight_decay", self.weight_decay, "a number >= 0", lambda v: v >= 0)
         check_choice("optim.optimizer", self.optimizer, optimizers.OPTIMIZERS)
+        check_number("optim.z_loss", self.z_loss, "a number >= 0 (0: no z-loss; PaLM's 1e-4)", lambda v: v >= 0)
         groups = list(self.no_decay) if isinstance(self.no_decay, (list, tuple)) else None
         check(groups is not None and all(g in optimizers.EXEMPTABLE for g in groups), "optim.no_decay",
               f"{self.no_decay!r} is not a list of parameter groups",
