@@ -82,6 +82,14 @@ def test_group_choices_compose_once_and_each_caller_gets_a_copy(monkeypatch):
         assert compose_cache.compose("config", ["norm=postnorm", "seed=7"]).seed == 7
         assert same(other, hydra_compose(config_name="config", overrides=["seed=8", "norm=postnorm",
                                                                           "model.d_model=48"]))
+        # a failure is never kept: each time its group choices fail, then Hydra composes it whole and
+        # raises its own error (as test_pyramid.py checked conftest's compose_once, which this replaced)
+        kept = (dict(compose_cache.bases), dict(compose_cache.composed))
+        for _ in range(2):
+            with pytest.raises(MissingConfigException):
+                compose_cache.compose("config", ["norm=sideways", "seed=7"])
+        assert calls == [["norm=postnorm"], *[["norm=sideways"], ["norm=sideways", "seed=7"]] * 2]
+        assert (compose_cache.bases, compose_cache.composed) == kept
 
 
 def test_a_studys_runs_compose_as_in_hydra():
