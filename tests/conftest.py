@@ -2,43 +2,22 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see normlab/__init__.py
 
-import copy
 import gzip
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 
+import compose_cache
 import normlab.resolvers  # noqa: F401  (the config's nl.* resolvers, as train.py registers them)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 
-_hydra_compose = sys.modules["hydra.compose"].compose
-_composed: dict = {}
-
-
-def compose_once(config_name=None, overrides=None, return_hydra_config=False, **kw):
-    """Hydra's compose, each config once per test process, a copy for every caller. The same conf/
-    files, config name and overrides compose to the same config (nothing in conf/ reads the
-    environment while composing, and no test writes to conf/); the study, identity and sweep tests
-    compose hundreds of run configs at ~0.35 s of CPU each (92% of those files' time), and every
-    study is planned by several of them (the pyramid's `make test-fast`, issue 37 item 10)."""
-    if kw or not GlobalHydra.instance().is_initialized():
-        return _hydra_compose(config_name=config_name, overrides=overrides or [],
-                              return_hydra_config=return_hydra_config, **kw)
-    sources = tuple((s.provider, s.path) for s in GlobalHydra.instance().config_loader().get_sources())
-    key = (sources, config_name, tuple(overrides or ()), return_hydra_config)
-    if key not in _composed:  # an error is raised each time, never kept
-        _composed[key] = _hydra_compose(config_name=config_name, overrides=list(overrides or ()),
-                                        return_hydra_config=return_hydra_config)
-    return copy.deepcopy(_composed[key])
-
-
-# before the test modules import it (`from hydra import compose`); normlab imports it when composing
-sys.modules["hydra.compose"].compose = sys.modules["hydra"].compose = compose_once
+# Each config composed once per test process (tests/compose_cache.py: Hydra's first step cached, its
+# second done by Hydra's own function), before the test modules import `from hydra import compose`.
+compose_once = compose_cache.install()
 from hydra import compose, initialize_config_dir  # noqa: E402  (compose: compose_once)
 
 # The fixtures that train or run a command through the entry point: a test that requests one,

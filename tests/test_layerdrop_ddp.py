@@ -94,7 +94,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ddp_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)  # one spawn for both cases
+    # One start for every case; forked, not spawned: a spawned rank imports torch and this module
+    # again (~6 s of CPU of the test's 15). Each rank seeds itself and builds its own model.
+    mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True, start_method="fork")
     return {rates: [torch.load(out / f"{rates}{r}.pt") for r in range(2)] for rates in RATES}
 
 

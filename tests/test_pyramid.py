@@ -210,32 +210,3 @@ def test_the_collected_tests_carry_the_mark(request):
             wrong.append(f"{item.nodeid}: enters: {reason}; marked: {mark is not None}")
     assert not wrong, "\n".join(wrong)
 
-
-def test_a_config_composed_once_is_hydras_own_and_each_caller_gets_a_copy(monkeypatch):
-    """conftest.compose_once (what keeps the study tests inside make test-fast's time): Hydra composes
-    a config once, a repeat is equal to what Hydra composes, a copy a caller may change, and a bad
-    override fails every time."""
-    import conftest
-    from conftest import CONF, compose_once, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
-    from omegaconf import OmegaConf
-
-    hydra_own, calls = conftest._hydra_compose, []
-    monkeypatch.setattr(conftest, "_hydra_compose", lambda **kw: calls.append(kw["overrides"]) or hydra_own(**kw))
-    kept = len(conftest._composed)
-    overrides = ["norm=postnorm", "seed=7", f"data.vocab_size={kept + 1001}"]  # not composed before
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        first, again = compose_once("config", overrides), compose_once("config", overrides)
-        own = hydra_own(config_name="config", overrides=overrides)
-        other = compose_once("config", overrides[:-1])
-        for _ in range(2):
-            with pytest.raises(ConfigCompositionException):
-                compose_once("config", ["norm=sideways"])
-    assert calls == [overrides, overrides[:-1], ["norm=sideways"], ["norm=sideways"]]
-    assert len(conftest._composed) == kept + 2  # the two configs, not the failure
-    assert OmegaConf.to_container(first) == OmegaConf.to_container(again) == OmegaConf.to_container(own)
-    assert first is not again and OmegaConf.is_struct(again) == OmegaConf.is_struct(own)
-    first.seed = 8
-    assert again.seed == 7 and other.data.vocab_size != first.data.vocab_size
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        assert compose_once("config", overrides).seed == 7

@@ -1,6 +1,6 @@
-"""normlab-study: study files are checked before any work, every shipped study plans the runs its
-records were, and a study runs, continues after SIGTERM, skips what it recorded and writes its
-README (test_study_claims.py: the claims judged from records)."""
+"""normlab-study: study files are checked before any work, and a study runs, continues after SIGTERM,
+skips what it recorded and writes its README (test_study_plans.py: every shipped study plans the
+runs its records were; test_study_claims.py: the claims judged from records)."""
 import json
 import shutil
 import re
@@ -19,72 +19,14 @@ from normlab.study.index import BEGIN, END, update_index
 from normlab.study.records import load_records
 from normlab.study.runner import plan
 from normlab.study.spec import available, load_study
-from study_files import claim, every_setting_composes, write_study_file
+from study_files import claim, write_study_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every shipped study file, read from conf/study (a new one is checked without editing this list):
-# training studies (arms are runs) and probe studies (a measurement at init, normlab.study.probe).
+# the training studies (arms are runs; test_study_plans.py plans each of them and the probe studies).
 KINDS = {p.stem: (yaml.safe_load(p.read_text()) or {}).get("kind", "train")
          for p in (ROOT / "conf" / "study").glob("*.yaml")}
 STUDIES = sorted(n for n, kind in KINDS.items() if kind == "train")
-PROBES = sorted(n for n, kind in KINDS.items() if kind == "probe")
-
-
-def test_every_shipped_study_plans(tmp_path):
-    """Every arm of every study composes and validates (what the command checks before any run), and
-    every record committed in experiments/ is the run its study plans (the same identity hash): a
-    change to what names a run would otherwise leave the records unfound and train them again."""
-    assert set(STUDIES) | set(PROBES) == set(available()) and len(STUDIES) >= 7 and "output_change" in PROBES
-    for name in PROBES:  # a probe trains nothing (normlab.study.probe): it loads and validates at both budgets
-        for budget in ("full", "smoke"):
-            assert load_study(name, budget).kind == "probe"
-    checked = 0
-    for name in STUDIES:
-        for budget in ("full", "smoke"):
-            study = load_study(name, budget)
-            chosen = every_setting_composes(study, tmp_path, check=budget == "full")
-            jobs = plan(study, tmp_path / "runs", tmp_path / "out", chosen)
-            assert len(jobs) == study.planned
-            assert len({j.run_name for j in jobs}) == len(jobs)  # every (arm, seed) its own run
-            for c in study.claims:
-                assert c.better in study.arms or c.better in study.best_of
-            if budget == "full":
-                planned = {f"{j.arm.name}-s{j.seed}": j.identity_hash for j in jobs}
-                for res in sorted((ROOT / "experiments" / name / "runs").glob("*/results.json")):
-                    rec = res.parent.name
-                    assert planned.get(rec) == json.loads(res.read_text())["identity_hash"], f"{name}/runs/{rec}"
-                    checked += 1
-    assert checked >= 67  # the records committed on 2026-11-26
-
-
-def test_studies_share_identical_arms(tmp_path):
-    """The same resolved config is the same run folder in every study (trained once)."""
-    lowres = {j.tag: j.run_name for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
-    scalenorm = {j.tag: j.run_name for j in plan(load_study("twt_scalenorm_2k"), tmp_path, tmp_path)}
-    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_2k"), tmp_path, tmp_path)}
-    assert lowres["pre_ln seed 1"] == scalenorm["pre_ln seed 1"] == prune["scratch3 seed 1"]
-    prune = {j.tag: j.run_name for j in plan(load_study("layerdrop_prune_4k"), tmp_path, tmp_path)}
-    drophead = {j.tag: j.run_name for j in plan(load_study("drophead_4k"), tmp_path, tmp_path)}
-    assert prune["scratch3 seed 2"] == drophead["none seed 2"]  # the CPU default at 4,000 steps
-    deep = {j.tag: j.run_name for j in plan(load_study("deep_bleu_2k"), tmp_path, tmp_path)}
-    recent = {j.tag: j.run_name for j in plan(load_study("deep_recent_2k"), tmp_path, tmp_path)}
-    assert deep["pre_ln seed 2"] == recent["pre_ln seed 2"] and deep["post_ln seed 1"] == recent["post_ln seed 1"]
-
-
-def test_run_names_of_started_studies_are_pinned(tmp_path):
-    """Runs already trained (twt_lowres_2k, started 2026-11-23 as twt_lowres under names without the
-    corpus) keep their identity and their folders: a change that renamed them would train them again."""
-    started = {"pre_ln seed 1": "pre_ln-xavier-none-e3d3-s1-1596a043",
-               "post_ln_lr1e-3 seed 1": "post_ln-xavier-none-e3d3-s1-f190fdcd",
-               "post_ln_lr2e-3 seed 2": "post_ln-xavier-none-e3d3-s2-bd15fb2d"}
-    names = {j.tag: j.run_name for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
-    for tag, old in started.items():
-        assert names[tag] == "bible_de_en-" + old
-        (tmp_path / old).mkdir()
-        (tmp_path / old / "run.json").write_text(json.dumps({"identity_hash": old.rsplit("-", 1)[1]}))
-    found = {j.tag: j.run_dir for j in plan(load_study("twt_lowres_2k"), tmp_path, tmp_path)}
-    for tag, old in started.items():
-        assert found[tag] == tmp_path / old
 
 
 @pytest.mark.parametrize("bad, where", [
@@ -280,16 +222,6 @@ def test_output_change_probe_study(tmp_path):
     assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
     r = run_study(args)
     assert r.returncode == 0 and f"{len(study.arms) * len(study.seeds)} probes, 0 to run" in r.stdout
-
-
-def test_every_training_study_names_a_paper_size_sweep_that_exists():
-    sweeps = {p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")}
-    for name in STUDIES:
-        study = load_study(name)
-        cmd = study.paper_preset.get("command", "")
-        used = re.findall(r"\+sweep=(\w+)", cmd)
-        assert used and set(used) <= sweeps, (name, cmd)
-        assert "GPU" in study.paper_preset.get("cost", "")
 
 
 PRUNE_STUDY = """
