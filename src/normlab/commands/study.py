@@ -125,13 +125,6 @@ def _status(study, runs: Path, out: Path, records: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from normlab.study.claims import judge, read_refs
-    from normlab.study.screen_outcome import load_screens
-    from normlab.study.index import update_index
-    from normlab.study.readme import write_study
-    from normlab.study.records import load_records
-    from normlab.study.runner import Sweep, adopt_shared, plan
-    from normlab.study.screen_run import choices, run_screens
     from normlab.study.spec import available, load_study
 
     args = parse(argv)
@@ -140,6 +133,38 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {load_study(name).title}")
         return 0
     study = load_study(args.name, args.budget)
+    out, runs, command = _places(study, args)
+    if args.verify is not None:
+        return _verify(study, args, out)
+    if args.status:
+        return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)
+    code, jobs = _prepare(study, args, runs, out)
+    if code:
+        return code
+    failed = refused = 0
+    if jobs and not args.report_only:
+        from normlab.study.runner import Sweep
+
+        sweep = Sweep(study, jobs, runs, parallel=args.jobs, launch=args.launch)
+        code = sweep.run()
+        if code:
+            return code
+        failed, refused = len(sweep.failed), len(sweep.refused)
+    verdicts = _report(study, args, out, command)
+    if jobs:
+        _log_verdicts(study, verdicts, jobs, runs)
+    if failed:
+        print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
+    if refused:
+        print(f"{refused} run(s) not run: their results.json is damaged (the warnings above name each file, left as "
+              "it is); restore it or move it away, then rerun the same command", file=sys.stderr)
+    return 1 if failed or refused else 0
+
+
+def _places(study, args: argparse.Namespace) -> tuple[Path, Path, str]:
+    """(records folder, run folders, the command that reproduces the study): a full-budget study's
+    records in experiments/<name>, another budget's under studies/<name>-<budget>/, unless --out /
+    --runs say otherwise."""
     base = STUDIES / (study.name if study.budget == "full" else f"{study.name}-{study.budget}")
     out = Path(args.out) if args.out else (Path("experiments") / study.name if study.budget == "full"
                                            else base / "experiment")
@@ -148,37 +173,55 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(args.runs) if args.runs else (SHARED_RUNS if study.budget == "full" else base / "runs")
     command = "normlab-study " + " ".join(shlex.quote(a) for a in [study.name, *([f"study.budget={study.budget}"]
                                                                                if study.budget != "full" else [])])
-    if args.verify is not None:
-        from normlab.study.verify import find_record, verify
+    return out, runs, command
 
-        if study.kind == "probe":
-            raise UserError("--verify", f"{study.name} is a probe study: it records no training runs",
-                            [n for n in available() if load_study(n).kind != "probe"])
-        return verify(find_record(out, args.verify), args.steps, args.launch)
-    if args.status:
-        return _status(study, runs, out, records=out.parent if study.budget == "full" and not args.out else None)
-    failed = refused = 0
+
+def _verify(study, args: argparse.Namespace, out: Path) -> int:
+    """--verify RUN: rerun a record's first steps and compare its losses (study/verify.py); a probe
+    study records no training to rerun."""
+    from normlab.study.spec import available, load_study
+    from normlab.study.verify import find_record, verify
+
+    if study.kind == "probe":
+        raise UserError("--verify", f"{study.name} is a probe study: it records no training runs",
+                        [n for n in available() if load_study(n).kind != "probe"])
+    return verify(find_record(out, args.verify), args.steps, args.launch)
+
+
+def _prepare(study, args: argparse.Namespace, runs: Path, out: Path) -> tuple[int, list]:
+    """(exit code, jobs): a probe study measured (unless --report-only), no jobs; a training study's
+    screens run first where it has them, then every arm composed and validated into a job before
+    anything trains, the test references kept beside the records, and runs other studies recorded
+    adopted rather than trained again. A non-zero code: a screen failed, the study stops there."""
+    from normlab.study.runner import adopt_shared, plan
+    from normlab.study.screen_run import choices, run_screens
+
     if study.kind == "probe":
         from normlab.study.probe import run_probe
 
         if not args.report_only:
             run_probe(study, out)
-        jobs = []
-    else:
-        if study.screen is not None and not args.report_only:  # each arm's setting first (study/screen.py)
-            code = run_screens(study, runs, out, parallel=args.jobs, launch=args.launch)
-            if code:
-                return code
-        jobs = plan(study, runs, out, choices(study, out))  # every arm composed and validated before anything runs
-        _keep_references(jobs, out)
-        if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
-            adopt_shared(jobs, out.parent)
-    if jobs and not args.report_only:
-        sweep = Sweep(study, jobs, runs, parallel=args.jobs, launch=args.launch)
-        code = sweep.run()
+        return 0, []
+    if study.screen is not None and not args.report_only:  # each arm's setting first (study/screen.py)
+        code = run_screens(study, runs, out, parallel=args.jobs, launch=args.launch)
         if code:
-            return code
-        failed, refused = len(sweep.failed), len(sweep.refused)
+            return code, []
+    jobs = plan(study, runs, out, choices(study, out))  # every arm composed and validated before anything runs
+    _keep_references(jobs, out)
+    if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
+        adopt_shared(jobs, out.parent)
+    return 0, jobs
+
+
+def _report(study, args: argparse.Namespace, out: Path, command: str) -> list:
+    """Judge the records in `out` and write the study's folder (study/readme.py) and, for the default
+    folder of a full study, the index of every claim; print each claim's verdict."""
+    from normlab.study.claims import judge, read_refs
+    from normlab.study.index import update_index
+    from normlab.study.readme import write_study
+    from normlab.study.records import load_records
+    from normlab.study.screen_outcome import load_screens
+
     by_arm = load_records(out)
     verdicts = judge(study, by_arm, read_refs(out / "test.ref.gz"), load_screens(study, out))
     readme = write_study(study, by_arm, verdicts, out, command)
@@ -187,22 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{readme}:")
     for v in verdicts:
         print(f"  {v.verdict:>12}  {v.claim.id}")
-    if jobs:  # the verdict table beside the runs in W&B, where the runs log to it (study/dashboard.py)
-        from normlab.study.dashboard import log_verdicts
-        from normlab.study.runner import compose
+    return verdicts
 
-        try:  # the README and records are written: a W&B failure must not end the study with a traceback
-            note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
-        except Exception as e:  # noqa: BLE001 (any W&B error: one line)
-            note = f"warning: the verdict table was not logged to W&B: {type(e).__name__}: {e}".splitlines()[0]
-        if note:
-            print(note)
-    if failed:
-        print(f"{failed} run(s) failed: see {runs / 'study.log'}; rerun the same command to retry them", file=sys.stderr)
-    if refused:
-        print(f"{refused} run(s) not run: their results.json is damaged (the warnings above name each file, left as "
-              "it is); restore it or move it away, then rerun the same command", file=sys.stderr)
-    return 1 if failed or refused else 0
+
+def _log_verdicts(study, verdicts: list, jobs: list, runs: Path) -> None:
+    """The verdict table beside the runs in W&B, where the runs log to it (study/dashboard.py). The
+    README and records are written by then: a W&B failure is one warning line, never a traceback."""
+    from normlab.study.dashboard import log_verdicts
+    from normlab.study.runner import compose
+
+    try:
+        note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
+    except Exception as e:  # noqa: BLE001 (any W&B error: one line)
+        note = f"warning: the verdict table was not logged to W&B: {type(e).__name__}: {e}".splitlines()[0]
+    if note:
+        print(note)
 
 
 def _keep_references(jobs, out: Path) -> None:

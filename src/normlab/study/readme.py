@@ -160,22 +160,52 @@ def _code(recs: list[Record]) -> str:
 
 def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Verdict], out: Path,
                 command: str) -> Path:
+    """A study's folder from its records and verdicts: the plots, claims.json and table.csv (the
+    numbers, for programs), then README.md (the report, for readers), its sections in reading order."""
     out.mkdir(parents=True, exist_ok=True)
     rows = arm_rows(study, by_arm)
     c = cost(by_arm)
     plots = _plots(study, by_arm, out)
     probe_lines: list[str] = []
     if study.kind == "probe":
-        from normlab.study.probe import depth_plot, depth_table, shape_lines
+        plot, probe_lines = _probe_section(study, by_arm, out)
+        plots.insert(0, plot)
+    claims, changes = _write_claims(study, by_arm, verdicts, out, c)
+    _write_table(study, by_arm, out)
+    lines = [*_head_lines(study, command), *_cost_lines(study, c, out),
+             *screen_lines(study, out, max(c["steps"] or [0]) or None),
+             "## Claims", "", *claims_lines(claims), *change_lines(changes), *moved_lines(out),
+             *probe_lines, *_arm_lines(study, rows)]
+    if study.kind == "train":
+        lines += pace_lines(study, by_arm)
+    for title, name in plots:
+        lines += [f"![{title}]({name})", ""]
+    lines += _reproduce_lines(study, command)
+    (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
+    return out / "README.md"
 
-        plots.insert(0, ("output change vs depth", depth_plot(study, by_arm, out)))
-        for side in ("decoder", "encoder"):
-            probe_lines += [f"## Output change at init, {side} output (mean ± sd over {len(study.seeds)} seeds; "
-                            "the sd as a share of the mean)", "", *depth_table(study, by_arm, side), "",
-                            f"Relative to ‖F(x;W)‖ ({side}):", "", *depth_table(study, by_arm, side, relative=True), ""]
-        shape = shape_lines(study, by_arm)
-        if shape:
-            probe_lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
+
+def _probe_section(study: Study, by_arm: dict[str, list[Record]], out: Path) -> tuple[tuple[str, str], list[str]]:
+    """A probe study's plot (output change vs depth) and its README sections: the output change at init
+    per depth, absolute and relative to ‖F(x;W)‖, and whether it grows linearly in N or in ln N."""
+    from normlab.study.probe import depth_plot, depth_table, shape_lines
+
+    plot = ("output change vs depth", depth_plot(study, by_arm, out))
+    lines: list[str] = []
+    for side in ("decoder", "encoder"):
+        lines += [f"## Output change at init, {side} output (mean ± sd over {len(study.seeds)} seeds; "
+                  "the sd as a share of the mean)", "", *depth_table(study, by_arm, side), "",
+                  f"Relative to ‖F(x;W)‖ ({side}):", "", *depth_table(study, by_arm, side, relative=True), ""]
+    shape = shape_lines(study, by_arm)
+    if shape:
+        lines += ["## Shape: linear in N or in ln N (fits on the seed means)", "", *shape, ""]
+    return plot, lines
+
+
+def _write_claims(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Verdict], out: Path,
+                  c: dict) -> tuple[list[dict], dict]:
+    """claims.json (each verdict, the cost, and the claims whose definition changed after their first
+    records: study/fixed.py's lock, updated here); returns the claims' dicts and those changes."""
     planned = study.planned
     claims = [v.as_dict() for v in verdicts]
     # claims fixed before their data (study/fixed.py): a definition changed since the first records is shown
@@ -186,6 +216,11 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
             entry["changed_after_data"] = changes[entry["id"]]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
                                                  "cost": {**c, "planned": planned}, "claims": claims}, indent=2) + "\n")
+    return claims, changes
+
+
+def _write_table(study: Study, by_arm: dict[str, list[Record]], out: Path) -> None:
+    """table.csv: one row per record (arm, seed, status, the table's metrics, steps, wall time)."""
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["arm", "seed", "status", *study.table_metrics, "steps", "wall_s"])
@@ -193,34 +228,47 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
             for r in by_arm.get(arm, []):
                 w.writerow([arm, r.seed, r.status, *[r.metric(m) for m in study.table_metrics],
                             r.results.get("steps"), r.results.get("wall_s")])
+
+
+def _head_lines(study: Study, command: str) -> list[str]:
+    """The README's title, the command that wrote it (not to be edited by hand), the paper, the
+    question and the design."""
     lines = [f"# {study.title}", "",
              f"_Generated by `{command}` on {time.strftime('%Y-%m-%d')} (budget: {study.budget}); "
              "rerun it to update. Do not edit by hand._", "",
              f"**Paper:** {study.paper}", "", f"**Question:** {study.question}", ""]
     if study.design:
         lines += ["## Design (why this model, corpus and budget)", "", study.design.strip(), ""]
+    return lines
+
+
+def _cost_lines(study: Study, c: dict, out: Path) -> list[str]:
+    """The Cost section: the runs, their CPU-hours and how they were counted, the devices and seeds;
+    for a training study also the commits and the CPUs that trained the runs."""
     runs_of = (f"{c['runs']} probes ({len(study.seeds)} seeds x {len(study.arms)} arms, "
                f"{len(study.probe.get('depths', []))} depths each)" if study.kind == "probe"
                else f"{c['runs']} runs of {', '.join(map(str, c['steps'])) or '—'} steps")
-    lines += ["## Cost", "",
-              f"{runs_of}, "
-              f"{c['cpu_hours']:.2f} CPU-hours ({_cpu_basis(c)}; {'; '.join(c.get('devices') or ['device not recorded'])}; "
-              f"seeds {', '.join(map(str, c['seeds'])) or '—'}"
-              + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
-              + _extra_seeds(study)
-              + ")" + _shared(c) + _unfinished(study, c) + ".", "",
-              *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
-                 f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
-              *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: "
-                 f"{docs_link(out, 'results-and-determinism.md', 'Determinism')}): {c['cpus']}.", ""]
-                if study.kind != "probe" and c.get("cpus") else []),
-              *screen_lines(study, out, max(c["steps"] or [0]) or None),
-              "## Claims", "", *claims_lines(claims), *change_lines(changes), *moved_lines(out)]
-    lines += probe_lines
+    return ["## Cost", "",
+            f"{runs_of}, "
+            f"{c['cpu_hours']:.2f} CPU-hours ({_cpu_basis(c)}; {'; '.join(c.get('devices') or ['device not recorded'])}; "
+            f"seeds {', '.join(map(str, c['seeds'])) or '—'}"
+            + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
+            + _extra_seeds(study)
+            + ")" + _shared(c) + _unfinished(study, c) + ".", "",
+            *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
+               f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
+            *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: "
+               f"{docs_link(out, 'results-and-determinism.md', 'Determinism')}): {c['cpus']}.", ""]
+              if study.kind != "probe" and c.get("cpus") else [])]
+
+
+def _arm_lines(study: Study, rows: list[dict]) -> list[str]:
+    """The Arms section: each arm's mean ± sd per table metric over its completed seeds, what end.<series>
+    means where shown, and the first metric per seed."""
     metrics = study.table_metrics
-    lines += ["## Arms (mean ± sd over completed seeds)", "",
-              f"| arm | {'model options' if study.kind == 'probe' else 'overrides'} | status | " + " | ".join(metrics) + " |",
-              "|---|---|---|" + "---|" * len(metrics)]
+    lines = ["## Arms (mean ± sd over completed seeds)", "",
+             f"| arm | {'model options' if study.kind == 'probe' else 'overrides'} | status | " + " | ".join(metrics) + " |",
+             "|---|---|---|" + "---|" * len(metrics)]
     for row in rows:
         st = ", ".join(f"{k} {n}" for k, n in row["statuses"].items()) or "not run"
         lines.append(f"| {row['label']} | `{row['overrides']}` | {st} | " +
@@ -234,12 +282,13 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
     for row in rows:
         per = ", ".join(f"s{s}: {fmt(v)} ({st})" for s, (v, st) in sorted(row["per_seed"].items())) or "not run"
         lines.append(f"- {row['label']}: {per}")
-    lines += [""]
-    if study.kind == "train":
-        lines += pace_lines(study, by_arm)
-    for title, name in plots:
-        lines += [f"![{title}]({name})", ""]
-    lines += ["## Reproduce", "", "```bash", command, "```", ""]
+    return lines + [""]
+
+
+def _reproduce_lines(study: Study, command: str) -> list[str]:
+    """The Reproduce section: the study's command, what one run is, and the papers' own size (GPU)
+    where the study file gives it."""
+    lines = ["## Reproduce", "", "```bash", command, "```", ""]
     if study.kind == "train":
         lines.append("Each run is `python train.py " + " ".join(study.common) + " <the arm's overrides> seed=<s>` "
                      "(run folders under `studies/runs/`, named by their identity; the records the tables "
@@ -250,8 +299,7 @@ def write_study(study: Study, by_arm: dict[str, list[Record]], verdicts: list[Ve
         p = study.paper_preset
         lines += ["", "## At the papers' size (GPU)", "", "```bash", str(p.get("command", "")).strip(), "```", "",
                   str(p.get("cost", "")).strip()]
-    (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
-    return out / "README.md"
+    return lines
 
 
 def _plots(study: Study, by_arm: dict[str, list[Record]], out: Path) -> list[tuple[str, str]]:

@@ -174,18 +174,48 @@ def _need(node: dict, key: str, where: str, kind: type | tuple = str) -> Any:
 
 
 def load_study(name: str, budget: str = "full") -> Study:
-    """conf/study/<name>.yaml, or a study file given by its path (<file>.yaml)."""
+    """conf/study/<name>.yaml, or a study file given by its path (<file>.yaml). Each part is checked in
+    the file's order (arms, best_of, claims, budget, kind, then title, screen, judging), so the first
+    bad key is the one named."""
+    path, raw = _read(name)
+    name, where = path.stem, f"{path.name}"
+    arms = _arms(_need(raw, "arms", where, dict), where)
+    best_of = _best_of(raw, where, arms)
+    claims = [_claim(node, f"{where}: claims[{i}]", arms, best_of) for i, node in enumerate(raw.get("claims") or [])]
+    budgets = raw.get("budgets") or {}
+    seeds, extra = _budget(raw, name, budget, budgets)
+    kind, probe = _kind(raw, where, arms, budget, budgets)
+    if kind == "probe":
+        extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
+    prune_extra = dict((budgets.get(budget) or {}).get("prune") or (SMOKE_PRUNE if budget == "smoke" else {}))
+    plots = raw.get("plots") or {}
+    return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
+                 question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
+                 common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
+                 best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
+                 paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
+                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
+                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind),
+                 **_judging(raw, where, arms))
+
+
+def _read(name: str) -> tuple[Path, dict]:
+    """The study file's path (a name in conf/study/, or a path ending in .yaml) and its contents,
+    interpolations resolved; a missing or unreadable file is one line naming it."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else study_dir() / f"{name}.yaml"
-    name = path.stem
     if not path.is_file():
-        raise UserError(f"study {name!r}", "no such study", available())
+        raise UserError(f"study {path.stem!r}", "no such study", available())
     try:
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        return path, OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as e:  # YAML syntax: the file and its line
         raise UserError(str(path), f"not a readable study file: {str(e).splitlines()[0]}") from None
-    where = f"{path.name}"
+
+
+def _arms(nodes: dict, where: str) -> dict[str, Arm]:
+    """`arms:` as Arm objects, each key checked for its type (overrides a list, extra_seeds integers,
+    screen a boolean, family a name)."""
     arms = {}
-    for arm_name, node in (_need(raw, "arms", where, dict)).items():
+    for arm_name, node in nodes.items():
         node = node or {}
         overrides = node.get("overrides") or []
         if not isinstance(overrides, list):
@@ -200,6 +230,12 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{where}: arms.{arm_name}.family", f"must be a name (got {family!r})")
         arms[arm_name] = Arm(arm_name, tuple(map(str, overrides)), str(node.get("label") or arm_name), node.get("prune"),
                              node.get("model"), tuple(extra), bool(node.get("screen", True)), family)
+    return arms
+
+
+def _best_of(raw: dict, where: str, arms: dict[str, Arm]) -> dict:
+    """`best_of:` groups, each of >= 2 of the study's arms with the same extra seeds; `by` defaults to
+    valid_bleu (set in the file's own mapping, as the pick reads it)."""
     best_of = raw.get("best_of") or {}
     for group, node in best_of.items():
         unknown = [a for a in node.get("arms") or [] if a not in arms]
@@ -211,35 +247,42 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{where}: best_of.{group}.arms", "its arms must have the same extra_seeds (the pick "
                             "compares their means over the same seeds)")
         node.setdefault("by", "valid_bleu")
-    claims = []
-    for i, node in enumerate(raw.get("claims") or []):
-        at = f"{where}: claims[{i}]"
-        c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
-                  **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                          "paper_effect", "carried_from", "changed", "where_fails") if k in node})
-        for key in ("id", "claim", "source", "paper", "better"):
-            if not getattr(c, key):
-                raise UserError(f"{at}.{key}", "missing")
-        for key in ("paper_effect", "carried_from", "changed"):
-            value = getattr(c, key)
-            if value is not None and not (isinstance(value, str) and value.strip()):
-                raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
-        if c.kind not in KINDS:
-            raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
-        if c.direction not in (None, "higher", "lower"):
-            raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
-        if c.interval not in INTERVALS:
-            raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
-        if c.kind in ("similar", "no_worse") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
-                                                     and c.margin > 0):
-            raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
-        for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
-            if side not in arms and side not in best_of:
-                raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
-        if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):
-            raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
-        claims.append(c)
-    budgets = raw.get("budgets") or {}
+    return best_of
+
+
+def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
+    """One entry of `claims:`: its required keys set, its kind, direction, interval and margin among
+    the allowed, and the arms (or best_of groups) it compares in the study."""
+    c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
+              **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
+                                      "paper_effect", "carried_from", "changed", "where_fails") if k in node})
+    for key in ("id", "claim", "source", "paper", "better"):
+        if not getattr(c, key):
+            raise UserError(f"{at}.{key}", "missing")
+    for key in ("paper_effect", "carried_from", "changed"):
+        value = getattr(c, key)
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
+    if c.kind not in KINDS:
+        raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
+    if c.direction not in (None, "higher", "lower"):
+        raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
+    if c.interval not in INTERVALS:
+        raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
+    if c.kind in ("similar", "no_worse") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
+                                                 and c.margin > 0):
+        raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
+    for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
+        if side not in arms and side not in best_of:
+            raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
+    if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):
+        raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
+    return c
+
+
+def _budget(raw: dict, name: str, budget: str, budgets: dict) -> tuple[list, list[str]]:
+    """(seeds, overrides) of the budget: the study's own at full; a smaller budget's seeds, and its
+    overrides after SMOKE's at smoke (a machinery test, never a result)."""
     if budget not in ("full", *budgets, "smoke"):
         raise UserError("study.budget", f"{budget!r} is not a budget of {name}", ["full", "smoke", *budgets])
     seeds = raw.get("seeds") or [1]
@@ -248,6 +291,13 @@ def load_study(name: str, budget: str = "full") -> Study:
         b = budgets.get(budget) or {}
         seeds = b.get("seeds") or ([1, 2] if budget == "smoke" else seeds)
         extra = (SMOKE if budget == "smoke" else []) + list(b.get("overrides") or [])
+    return seeds, extra
+
+
+def _kind(raw: dict, where: str, arms: dict[str, Arm], budget: str, budgets: dict) -> tuple[str, dict]:
+    """(kind, probe settings): a probe study (normlab.study.probe) needs its depths, runs every arm at
+    the study's seeds, and at a smaller budget takes the budget's `probe:` (default: 2 and 4 layers,
+    d_model 32)."""
     kind = str(raw.get("kind") or "train")
     if kind not in ("train", "probe"):
         raise UserError(f"{where}: kind", f"{kind!r} is not a study kind", ["train", "probe"])
@@ -257,19 +307,9 @@ def load_study(name: str, budget: str = "full") -> Study:
             raise UserError(f"{where}: probe.depths", "missing")
         if any(a.extra_seeds for a in arms.values()):  # a probe is cheap: every arm runs the study's seeds
             raise UserError(f"{where}: arms.<arm>.extra_seeds", "not for a probe study (give the study more seeds)")
-        extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
         if budget != "full":
             probe.update((budgets.get(budget) or {}).get("probe") or {"depths": [2, 4], "d_model": 32})
-    prune_extra = dict((budgets.get(budget) or {}).get("prune") or (SMOKE_PRUNE if budget == "smoke" else {}))
-    plots = raw.get("plots") or {}
-    return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
-                 question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
-                 common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
-                 best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
-                 paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
-                 table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind),
-                 **_judging(raw, where, arms))
+    return kind, probe
 
 
 def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | None:
