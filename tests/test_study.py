@@ -68,6 +68,9 @@ def test_unknown_study_and_budget():
         load_study("nosuch")
     with pytest.raises(UserError, match=r"study.budget: 'huge' is not a budget"):
         load_study("twt_lowres", "huge")
+    with pytest.raises(UserError) as e:  # a study with its own smoke budget: each budget named once
+        load_study("deep_bleu", "huge")
+    assert str(e.value).endswith("(allowed: full, smoke)")
 
 
 def test_index_table_keeps_the_rest_of_the_page(tmp_path):

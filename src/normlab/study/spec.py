@@ -284,7 +284,7 @@ def _budget(raw: dict, name: str, budget: str, budgets: dict) -> tuple[list, lis
     """(seeds, overrides) of the budget: the study's own at full; a smaller budget's seeds, and its
     overrides after SMOKE's at smoke (a machinery test, never a result)."""
     if budget not in ("full", *budgets, "smoke"):
-        raise UserError("study.budget", f"{budget!r} is not a budget of {name}", ["full", "smoke", *budgets])
+        raise UserError("study.budget", f"{budget!r} is not a budget of {name}", list(dict.fromkeys(["full", "smoke", *budgets])))
     seeds = raw.get("seeds") or [1]
     extra: list[str] = []
     if budget != "full":
