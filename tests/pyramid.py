@@ -4,7 +4,7 @@ point, itself, through a helper it calls or through a fixture it requests. tests
 holds every test file to it; `make test-fast` leaves these tests out.
 
 A function enters the entry point when its body (nested functions and lambdas included)
-- names, in this process, what trains: normlab.train.run, normlab.commands.train's main, task or
+- names, in this process, what trains: normlab.train.run or run_resolved, normlab.commands.train's main, task or
   cli, normlab.commands.study's main or cli, normlab.cli's train or study (the console scripts), or
   calls run() on a study runner's Sweep (it starts the training processes);
 - or starts a process (subprocess.run, Popen, call, check_call, check_output) and names a normlab
@@ -27,7 +27,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 MARK = "integration"
-ENTRY = {"normlab.train.run", "normlab.commands.train.main", "normlab.commands.train.task",
+ENTRY = {"normlab.train.run", "normlab.train.run_resolved", "normlab.commands.train.main", "normlab.commands.train.task",
          "normlab.commands.train.cli", "normlab.commands.study.main", "normlab.commands.study.cli",
          "normlab.cli.train", "normlab.cli.study"}
 SWEEP = "normlab.study.runner.Sweep"

@@ -269,9 +269,9 @@ def test_a_failed_job_keeps_its_folder_until_its_failure_is_recorded(tmp_path, m
     found = []
     real = failure.record_failure
 
-    def record_failure(cfg, err):
+    def record_failure(cfg, err, runtime=None):
         found.append(second_copy(sweep / "0"))
-        return real(cfg, err)
+        return real(cfg, err, runtime)
 
     monkeypatch.setattr(failure, "record_failure", record_failure)
     assert train_main(["-m", "norm.type=groupnorm", "logger=csv", f"hydra.sweep.dir={sweep}",

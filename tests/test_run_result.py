@@ -99,7 +99,7 @@ def test_a_tiny_runs_results_json_has_the_keys_and_values_it_had(small_corpus, t
                                              (RunResult(Status.DIVERGED, scores={}), None)])
 def test_the_hydra_job_returns_the_results_objective(returned, value, tmp_path, monkeypatch):
     """commands.train.task, the Hydra job an Optuna sweeper calls: its return value is the objective of
-    the RunResult the run returned (train.run replaced: this is about the job, not training)."""
+    the RunResult the run returned (train.run_resolved replaced: this is about the job, not training)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
@@ -114,6 +114,6 @@ def test_the_hydra_job_returns_the_results_objective(returned, value, tmp_path, 
         cfg.hydra.runtime.output_dir, cfg.hydra.job.name = str(tmp_path / "run"), "train"
     monkeypatch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)  # put back afterwards
     HydraConfig.instance().set_config(cfg)
-    monkeypatch.setattr(train_mod, "run", lambda c: returned)
+    monkeypatch.setattr(train_mod, "run_resolved", lambda spec: returned)  # the job resolves, then runs the RunSpec
     assert command.task(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])) == value
     assert (Path(tmp_path) / "run" / ".hydra" / "config.yaml").is_file()  # it was the job, folder held and recorded

@@ -98,7 +98,7 @@ def test_one_error_family():
 
 def test_identity_reads_nothing():
     """identity.py is pure functions of the resolved values (issue 18): no file, folder or checkpoint
-    is read there; a start checkpoint's model is merged in by its callers (run_folder.start_model)."""
+    is read there; a start checkpoint's model is merged in by run_identity.identify."""
     tree = ast.parse((SRC / "normlab" / "identity.py").read_text(encoding="utf-8"))
     io = {"open", "read_text", "read_bytes", "load", "is_file", "is_dir", "exists", "glob", "stat", "iterdir"}
     calls = sorted({n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in ast.walk(tree)
@@ -132,11 +132,11 @@ def test_only_the_schemes_compare_placements():
 
 
 # The raw Hydra config is read where a run is resolved (issue 18): the commands, the study runner
-# (it composes its arms to name them), the resolution itself (run_spec, identity, resolvers,
-# config's validation (run_config), run_folder's naming, failure's naming of a run that did not resolve); the
+# (it composes its arms to name them), the resolution itself (run_spec, identity, run_identity, resolvers,
+# config's validation (run_config), failure's naming of a run that did not resolve); the
 # Hydra wiring of objects (callbacks, loggers) instantiates nodes it is handed and reads no value.
-RESOLUTION = ("normlab.commands", "normlab.study", "normlab.run_spec", "normlab.identity", "normlab.resolvers",
-              "normlab.config", "normlab.run_config", "normlab.run_folder", "normlab.failure")
+RESOLUTION = ("normlab.commands", "normlab.study", "normlab.run_spec", "normlab.identity", "normlab.run_identity",
+              "normlab.resolvers", "normlab.config", "normlab.run_config", "normlab.run_folder", "normlab.failure")
 WIRING = ("normlab.callbacks", "normlab.loggers")
 
 
@@ -146,6 +146,35 @@ def test_no_raw_config_below_the_resolution():
             continue
         bad = sorted(i for i in _imports(path, top_level_only=False) if i.startswith("omegaconf"))
         assert not bad, f"{name} imports {bad}: take the resolved values (run_spec.RunSpec), not the config"
+
+
+# Hydra's runtime state (HydraConfig: a job's choices, typed overrides, sweep folder, mode and folder;
+# GlobalHydra) is read in one place (issue 37 item 1): run_identity.hydra_runtime, through private_api's
+# adapter; every other module is given a run_identity.Runtime.
+HYDRA_STATE = ("HydraConfig", "hydra_job_config", "GlobalHydra", "hydra_config", "global_hydra")
+
+
+def _hydra_state_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every name, attribute or import naming Hydra's global state."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in n.names] + ([n.module] if isinstance(n, ast.ImportFrom) and n.module else [])
+            out += [(n.lineno, x) for x in names if any(part in HYDRA_STATE for part in x.split("."))]
+        elif isinstance(n, ast.Name) and n.id in HYDRA_STATE or isinstance(n, ast.Attribute) and n.attr in HYDRA_STATE:
+            out.append((n.lineno, n.id if isinstance(n, ast.Name) else n.attr))
+    return out
+
+
+def test_only_the_identity_module_reads_hydras_runtime_state():
+    found = [f"{name}:{line}: {what}" for name, path in sorted(_modules().items())
+             if name not in ("normlab.private_api", "normlab.run_identity")
+             for line, what in _hydra_state_uses(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, found
+    # and there, one function: the one the training command's job calls
+    tree = ast.parse((SRC / "normlab" / "run_identity.py").read_text(encoding="utf-8"))
+    readers = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and _hydra_state_uses(f)}
+    assert readers == {"hydra_runtime"}, readers
 
 
 def test_a_run_reads_its_spec_alone():

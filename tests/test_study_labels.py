@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from normlab import identity
-from normlab.run_spec import _group
+from normlab.run_identity import identify
 from normlab.study.runner import Sweep, compose, make_job, plan
 from normlab.study.spec import load_study
 from normlab.train import run
@@ -35,14 +35,14 @@ def test_a_study_plans_its_runs_with_their_labels_and_the_records_keep_their_nam
         assert not [o for o in job.overrides if o.startswith("labels.")]  # the record's overrides: what it ran
     job = next(j for j in jobs if j.arm.name == "post_ln_lr2e-3")
     cfg = compose([*job.overrides, *job.labels])
-    assert _group(cfg) == "study-twt_lowres_2k" and recorded["post_ln_lr2e-3-s1"]["group"] == "study-twt_lowres"
+    assert identify(cfg).group == "study-twt_lowres_2k" and recorded["post_ln_lr2e-3-s1"]["group"] == "study-twt_lowres"
     assert identity.labels(cfg)["arm"] == "post_ln_lr2e-3" and identity.labels(cfg)["scheme"] == "post_ln"
     sweep = Sweep(study, jobs, tmp_path / "runs")
     command = sweep._train_command(job)
     sweep.log_file.close()
     assert [*job.labels] == command[-len(job.labels) - 1:-1] and not [a for a in command if a.startswith("group=")]
     smoke = plan(load_study("twt_lowres_2k", "smoke"), tmp_path / "smoke", tmp_path / "smoke_out")[0]
-    assert _group(compose([*smoke.overrides, *smoke.labels])) == "study-twt_lowres_2k-smoke"
+    assert identify(compose([*smoke.overrides, *smoke.labels])).group == "study-twt_lowres_2k-smoke"
     drophead = load_study("drophead")  # an arm named `none`: its label is that text
     arm = drophead.arms["none"]
     none = make_job(drophead, arm, 1, drophead.arm_overrides(arm, 1), tmp_path / "runs", tmp_path / "rec")

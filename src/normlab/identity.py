@@ -14,9 +14,10 @@ computed here from resolved values:
   what the run is part of (the config's `labels`: a study's name, arm and budget; a debug mode).
 - study_id(): a sweep's folder and W&B group, `<study>-<hash of the sweep's definition>`.
 
-Pure functions of the resolved values: nothing here reads a file. The Hydra resolvers that name a
-run's folder before it starts (`nl.run_name`, `nl.run_dir`, with a start checkpoint's model merged
-in) are in normlab/resolvers.py; `nl.study` is `study_id` below.
+Pure functions of the resolved values: nothing here reads a file or Hydra's state. A run's identity
+is assembled from them once, with a start checkpoint's model merged in and its folder found, by
+run_identity.identify (which the resolvers naming a run's folder, `nl.run_name` / `nl.run_dir`, call);
+`nl.study` is `study_id` below.
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
 
 def plain(cfg: Any) -> dict:
     """The resolved task config as plain data, without Hydra's own node. A run started from a
-    checkpoint (resume= / finetune=) is named as the model it continues: its caller merges the
-    checkpoint's model settings in first (run_folder.start_model; train.run, normlab.resolvers)."""
+    checkpoint (resume= / finetune=) is named as the model it continues: run_identity.identify merges
+    the checkpoint's model settings in first."""
     if not OmegaConf.is_config(cfg):
         return dict(cfg)
     # cfg[k] of a dict or list is its node, unresolved (to_container resolves it against the whole
@@ -90,15 +91,6 @@ def set_key(tree: dict, dotted: str, value: Any) -> None:
     for p in parents:
         tree = tree.setdefault(p, {})
     tree[leaf] = value
-
-
-def typed_overrides(cfg: Any) -> list[str]:
-    """The overrides given on the command line (or by a sweep) for this job."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if OmegaConf.is_config(cfg) and OmegaConf.select(cfg, "hydra.overrides.task") is not None:
-        return list(cfg.hydra.overrides.task)
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def start_checkpoint(cfg: Any) -> str | None:

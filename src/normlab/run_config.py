@@ -5,7 +5,7 @@ naming its key (`optim.lr`, `trainer.precision`, ...) and the allowed values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, check, check_bool, check_choice,
                             check_number, check_positive, is_num)
@@ -47,13 +47,26 @@ PRECISIONS = ("32-true", "32", 32, "16-mixed", "16", 16, "bf16-mixed", "bf16", "
               "64-true", "64", 64, "transformer-engine", "transformer-engine-float16")
 
 
-def validate_run_config(cfg: Any) -> ModelConfig:
-    """Every check that can run before data is read; raises ConfigError naming the key."""
+class Validated(NamedTuple):
+    """The typed settings a validated config holds (run_spec.resolve keeps them: validated once)."""
+    model: ModelConfig
+    optim: OptimSpec
+    eval: EvalSpec
+
+
+def validate_run_config(cfg: Any, choices: Mapping | None = None) -> ModelConfig:
+    """Every check that can run before data is read; raises ConfigError naming the key. `choices`:
+    Hydra's (run_identity.Runtime), to name a group option given where a run's key belongs."""
+    return validated(cfg, choices).model
+
+
+def validated(cfg: Any, choices: Mapping | None = None) -> Validated:
+    """validate_run_config, with the model, optimizer and evaluation settings it built on the way."""
     missing = _missing_keys(cfg)
     check(not missing, missing[0] if missing else "",
           f"no value given (the config says ???): set it with {missing[0] if missing else ''}=..."
           + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""))
-    _refuse_study(cfg)
+    _refuse_study(cfg, choices or {})
     check_number("seed", cfg.seed, "an integer in [0, 2**32 - 1]", lambda v: 0 <= v <= 2**32 - 1, integer=True)
     check_bool("retrain", cfg.get("retrain", False))  # `retrain=no` must not read as true
     if cfg.data.get("num_workers") is not None:
@@ -86,7 +99,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
         check(getattr(reg, key) < 1.0, f"regularizer.{key}", f"{getattr(reg, key)!r} drops every "
               f"{'head' if key == 'drophead' else 'layer'} at every step: nothing would train",
               "a probability in [0, 1)")
-    optim_and_eval(cfg)
+    optim, ev = optim_and_eval(cfg)
     _validate_trainer(cfg.trainer)
     callbacks = cfg.get("callbacks") or {}
     _validate_drophead_schedule(callbacks.get("drophead_schedule"), reg.drophead, cfg.trainer.max_steps)
@@ -101,7 +114,7 @@ def validate_run_config(cfg: Any) -> ModelConfig:
     for key, node in (cfg.get("logger") or {}).items():
         check(node is None or (hasattr(node, "keys") and "_target_" in node), f"logger.{key}",
               "not a logger (a node with a _target_ class, as in conf/logger/*.yaml)", "wandb, csv, tensorboard")
-    return model_cfg
+    return Validated(model_cfg, optim, ev)
 
 
 def _validate_drophead_schedule(node: Any, p: float, max_steps: int) -> None:
@@ -115,14 +128,12 @@ def _validate_drophead_schedule(node: Any, p: float, max_steps: int) -> None:
           "trainer.max_steps=N, callbacks.drophead_schedule.total=N, or callbacks.drophead_schedule.schedule=constant")
 
 
-def _refuse_study(cfg: Any) -> None:
+def _refuse_study(cfg: Any, choices: Mapping) -> None:
     """conf/study/ holds studies, which normlab-study runs: `+study=NAME` would add the study's
     definition to one run's config, run nothing of the study and rename the run (a new key)."""
     if cfg.get("study") is None:
         return
-    from hydra.core.hydra_config import HydraConfig
-
-    name = HydraConfig.get().runtime.choices.get("study") if HydraConfig.initialized() else None
+    name = choices.get("study")
     check(False, f"study={name or '...'}", "a study is run with normlab-study, not as a key of one run "
           f"(normlab-study {name or 'NAME'}; normlab-study --list names them)")
 

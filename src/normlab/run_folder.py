@@ -27,9 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from normlab import identity
 from normlab.checkpoint import write_json
 from normlab.config import ConfigError
 from normlab.json_file import json_object
@@ -40,18 +37,7 @@ RUN_FILE = "run.json"
 OUTPUTS, MULTIRUN = "outputs", "multirun"  # single runs' and sweeps' folders (conf/hydra/default.yaml's run.dir, sweep.dir)
 FULL_PREFIX = "full-step"  # checkpoints/full-step<N>.ckpt: the full-state checkpoints (callbacks/full_checkpoint.py)
 CREATED_FORMAT = "%Y-%m-%d %H:%M:%S"  # run.json's `created` (and the lock's `since`): sorts as text in time order
-CHOICE_GROUPS = ("data", "model", "norm", "regularizer", "init", "optim", "trainer", "logger", "experiment",
-                 "arm", "sweep", "debug")
 PRODUCTS = ("checkpoints", "csv", "results.json", "test.hyp", "admin_omega.json")  # removed by retrain=true
-
-
-def hydra_choices() -> dict[str, str | None]:
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return {}
-    choices = HydraConfig.get().runtime.choices
-    return {k: choices.get(k) for k in CHOICE_GROUPS if k in choices}
 
 
 def readable(path: Path) -> dict | None:
@@ -103,9 +89,11 @@ def _checkpoint_summary(path: str, mtime: float) -> tuple[dict, bool]:
     return dict(ckpt["model_config"]), "optimizer_states" in ckpt and "loops" in ckpt
 
 
-def checkpoint_model_config(path: str, resume: bool) -> dict[str, Any]:
-    """The model settings of a checkpoint as Hydra keys (model.*, norm.*, regularizer.*, init.name,
-    data.vocab_size). resume=True also requires a full-state checkpoint."""
+def start_checkpoint_model(path: str, resume: bool) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint a `resume=` / `finetune=` value names (start_checkpoint_path) and its model
+    settings as Hydra keys (model.*, norm.*, regularizer.*, init.name, data.vocab_size). resume=True
+    also requires a full-state checkpoint. The one place naming reads a checkpoint (run_identity
+    merges the settings in; identity.py reads nothing)."""
     ck = start_checkpoint_path(path, resume)
     model, full = _checkpoint_summary(str(ck.resolve()), ck.stat().st_mtime)
     if resume and not full:
@@ -121,7 +109,7 @@ def checkpoint_model_config(path: str, resume: bool) -> dict[str, Any]:
             out["data.vocab_size"] = value
         elif key not in ("pad_id", "bos_id", "eos_id"):
             out[f"model.{key}"] = value
-    return out
+    return ck, out
 
 
 def existing_name(parent: str | Path, name: str) -> str:
@@ -133,35 +121,15 @@ def existing_name(parent: str | Path, name: str) -> str:
         return name
     digest = name.rsplit("-", 1)[-1]
     for cand in sorted(parent.glob(f"*-{digest}")):
-        if (json_object(cand / RUN_FILE)[0] or {}).get("identity_hash") == digest:  # damaged: not this run's
+        if holds_run(cand, digest):
             return cand.name
     return name
 
 
-def run_dir_of(cfg: DictConfig) -> Path:
-    """The run's folder: Hydra's output dir, an explicit run_dir, else outputs/<run name>."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    if cfg.get("run_dir"):
-        return Path(cfg.run_dir)
-    name = identity.run_name(cfg)
-    return Path(OUTPUTS) / (name if identity.debug_mode(cfg) else existing_name(OUTPUTS, name))
-
-
-def start_model(cfg: Any) -> dict[str, Any]:
-    """{dotted key: value} of the model settings (model.*, norm.*, regularizer.*, init.name,
-    data.vocab_size) stored in the `finetune` or `resume` checkpoint, so a run started from a
-    checkpoint is built, named and tagged as the model it continues, without repeating overrides.
-    A key (or its group) set on the command line keeps its value. The one place naming reads a
-    checkpoint (identity.py reads nothing)."""
-    path = identity.start_checkpoint(cfg)
-    if not path:
-        return {}
-    model = checkpoint_model_config(str(path), resume=not cfg.get("finetune"))
-    typed = {o.split("=", 1)[0].lstrip("+~") for o in identity.typed_overrides(cfg)}
-    return {key: value for key, value in model.items() if key not in typed and key.split(".", 1)[0] not in typed}
+def holds_run(folder: Path, identity_hash: str) -> bool:
+    """Whether `folder`'s run.json records this identity (train.run wrote it with the run's hash); a
+    damaged run.json is not this run's."""
+    return (json_object(folder / RUN_FILE)[0] or {}).get("identity_hash") == identity_hash
 
 
 def _read_json(path: Path) -> dict:

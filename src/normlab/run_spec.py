@@ -1,6 +1,7 @@
-"""A run resolved once (issue 18): `resolve(cfg)` merges the start checkpoint's model into the
-composed config (read once), validates it once, and computes what names the run (identity, hash,
-name, labels, tags, W&B group, folder) and every value the run needs (model, optimizer, evaluation,
+"""A run resolved once (issue 18): `resolve(cfg, runtime)` takes the run's identity
+(run_identity.identify: named, tagged, its start checkpoint read and its model merged in, its folder
+found; computed once a process, so the job has the identity Hydra named its folder with), validates
+the config as it runs once, and computes every value the run needs (model, optimizer, evaluation,
 final passes, tokens per update, seed) once, before the run's folder is touched. train._run takes
 the frozen RunSpec and reads no raw config: what it builds through Hydra (the data module, the
 Trainer, the callbacks, the loggers) it gets as those objects' own `_target_` nodes, and nothing
@@ -12,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from normlab import identity
 from normlab.budget import budget_notes, trainer_overrides
 from normlab.config import ConfigError, ModelConfig
-from normlab.run_config import check_machine, model_config_from_hydra, optim_and_eval, validate_run_config
-from normlab.run_folder import hydra_choices, run_dir_of, start_model
+from normlab.run_config import Validated, check_machine, validated
+from normlab.run_identity import RunIdentity, Runtime, identify
 from normlab.settings import EvalSpec, OptimSpec
 
 
@@ -50,6 +51,7 @@ class RunSpec:
     identity: dict[str, Any]
     identity_hash: str
     start: str | None          # resume= / finetune= as given
+    start_path: Path | None    # the checkpoint file it names (run_folder.start_checkpoint_path, resolved once)
     finetune: bool             # finetune=: the weights only; optimizer, schedule and step afresh
     resume: bool               # resume= (without finetune=): continue another run's full checkpoint
     retrain: bool
@@ -72,64 +74,59 @@ class RunSpec:
     loggers: DictConfig | None
 
 
-def resolve(cfg: DictConfig) -> RunSpec:
-    """The run `cfg` describes, validated (one ConfigError naming the key) before any work."""
-    apply_start_model(cfg)
-    try:
-        validate_run_config(cfg)  # fails before any data is read, naming the key
-    except ConfigError as e:
-        raise _not_combined(cfg, e) from None
+def resolve(cfg: DictConfig, runtime: Runtime | None = None) -> RunSpec:
+    """The run `cfg` describes, as `runtime` launches it (None: outside Hydra, or the hydra node `cfg`
+    was composed with), validated (one ConfigError naming the key) before any work."""
+    runtime = Runtime.of(cfg) if runtime is None else runtime
+    ident = identify(cfg, runtime)  # named, tagged, its start checkpoint's model merged in: once a process
+    settings = _validated(cfg, ident, runtime)  # model, optim and eval, typed: validated once
+    cfg = ident.config
     check_machine(cfg)
-    choices = hydra_choices()
-    optim, ev = optim_and_eval(cfg)
     keep_last_n = OmegaConf.select(cfg, "callbacks.step_checkpoints.keep_last_n", default=0)
-    tokens = (cfg.trainer, cfg.data.max_tokens, optim.tokens_per_update)
-    budget = trainer_overrides(*tokens)
-    model = model_config_from_hydra(cfg)
-    return RunSpec(run_dir=run_dir_of(cfg), name=identity.run_name(cfg), group=_group(cfg),
-                   tags=tuple(identity.tags(cfg, choices, identity.typed_overrides(cfg))), labels=identity.labels(cfg),
-                   choices=choices, identity=identity.identity(cfg), identity_hash=identity.identity_hash(cfg),
-                   start=identity.start_checkpoint(cfg), finetune=bool(cfg.get("finetune")),
-                   resume=bool(cfg.get("resume")) and not cfg.get("finetune"), retrain=bool(cfg.get("retrain")),
-                   seed=int(cfg.seed), project=str(cfg.project), model=model,
-                   optim=optim, eval=ev, final=FinalPasses.of(ev, keep_last_n),
+    tokens = (cfg.trainer, cfg.data.max_tokens, settings.optim.tokens_per_update)
+    start = ident.start
+    return RunSpec(run_dir=ident.folder, name=ident.name, group=ident.group, tags=ident.tags, labels=ident.labels,
+                   choices=ident.choices, identity=ident.identity, identity_hash=ident.hash,
+                   start=start.given if start else None, start_path=start.path if start else None,
+                   finetune=bool(cfg.get("finetune")), resume=bool(cfg.get("resume")) and not cfg.get("finetune"),
+                   retrain=bool(cfg.get("retrain")), seed=int(cfg.seed), project=str(cfg.project), model=settings.model,
+                   optim=settings.optim, eval=settings.eval, final=FinalPasses.of(settings.eval, keep_last_n),
                    compile=cfg.model.get("compile", False), max_steps=int(cfg.trainer.max_steps),
-                   max_time=cfg.trainer.get("max_time"), trainer_overrides=budget,
-                   budget_notes=budget_notes(*tokens, model.max_positions),
+                   max_time=cfg.trainer.get("max_time"), trainer_overrides=trainer_overrides(*tokens),
+                   budget_notes=budget_notes(*tokens, settings.model.max_positions),
                    config=identity.plain(cfg),
                    data=cfg.data, trainer=cfg.trainer, callbacks=cfg.get("callbacks"), loggers=cfg.get("logger"))
 
 
-def apply_start_model(cfg: DictConfig) -> None:
-    """resume= / finetune=: the checkpoint's model settings replace the config's, so the run is
-    built, named (identity.py) and tagged as the model it continues."""
-    values = start_model(cfg)
-    with open_dict(cfg):
-        for key, value in values.items():
-            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+def _validated(cfg: DictConfig, ident: RunIdentity, runtime: Runtime) -> Validated:
+    """Validate once, the config as it runs (the start checkpoint's model merged in); its typed settings.
+    A start checkpoint that cannot be read is named after the command line's own errors, which come
+    first, as they did when the command validated before reading the checkpoint."""
+    start = ident.start
+    if start is not None and start.error is not None:
+        validated(cfg, runtime.choices)
+        raise start.error
+    try:
+        return validated(ident.config, runtime.choices)  # fails before any data is read, naming the key
+    except ConfigError as e:
+        raise _not_combined(cfg, ident, runtime, e) from None
 
 
-def _group(cfg: DictConfig) -> str:
-    from hydra.core.hydra_config import HydraConfig
-
-    study = OmegaConf.select(cfg, "labels.study", default=None)  # a study's run (normlab-study): its group
-    group = cfg.get("group") or (identity.study_group(study, OmegaConf.select(cfg, "labels.budget")) if study else None)
-    if not group and HydraConfig.initialized():  # a sweep groups by its folder, a run by its experiment
-        hc = HydraConfig.get()
-        group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else hc.runtime.choices.get("experiment")
-    return str(group or "default")
-
-
-def _not_combined(cfg: DictConfig, err: ConfigError) -> ConfigError:
+def _not_combined(cfg: DictConfig, ident: RunIdentity, runtime: Runtime, err: ConfigError) -> ConfigError:
     """A model setting typed on the command line that does not combine with the start checkpoint's
-    model: the error names the checkpoint and the typed keys (the values it lists are both's)."""
-    start = identity.start_checkpoint(cfg)
-    if not start:
+    model: the error names the checkpoint and the typed keys (the values it lists are both's). An error
+    the command line makes on its own is reported as its own (checked only once the config as it runs
+    failed: a run that validates is validated once)."""
+    if ident.start is None or not ident.start.model:
         return err
+    try:
+        validated(cfg, runtime.choices)
+    except ConfigError as own:
+        return own
     model_keys = ("model", "norm", "regularizer", "init", "data.vocab_size")
-    typed = [o.lstrip("+~") for o in identity.typed_overrides(cfg)
+    typed = [o.lstrip("+~") for o in runtime.overrides
              if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] in model_keys
              or o.lstrip("+~").startswith("data.vocab_size=")]
     key = "finetune" if cfg.get("finetune") else "resume"
-    return ConfigError(f"{key}={start}", f"the checkpoint's model and the command line's {' '.join(typed) or 'settings'} "
-                                         f"do not combine: {err}")
+    return ConfigError(f"{key}={ident.start.given}", f"the checkpoint's model and the command line's "
+                                                     f"{' '.join(typed) or 'settings'} do not combine: {err}")

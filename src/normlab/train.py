@@ -36,7 +36,8 @@ from normlab.provenance import code_legs, code_version
 import normlab.resolvers  # noqa: F401  (conf/hydra's nl.run_dir / nl.run_name / nl.study)
 from normlab.run_result import RunResult
 from normlab.run_folder import (Continuation, csv_histories, locked, prepare, rank_zero, readable,
-                                restore_csv_histories, start_checkpoint_path)
+                                restore_csv_histories)
+from normlab.run_identity import Runtime
 from normlab.run_spec import RunSpec, resolve
 from normlab.scoring import signals_interrupt
 from normlab.signals import Signalled, hand_over
@@ -158,11 +159,15 @@ def _legs_in(checkpoint: dict) -> list | None:
     return legs if ok else None
 
 
-def run(cfg: Any) -> RunResult:
-    """Train and score the run the composed config `cfg` describes (resolved here, once, into a
-    RunSpec); its folder is held by this process throughout (run_folder.locked). What it ended as,
-    also written to results.json and the W&B summary: a RunResult (run_result.py)."""
-    spec = resolve(cfg)  # named, validated and merged with its start checkpoint's model, once
+def run(cfg: Any, runtime: Runtime | None = None) -> RunResult:
+    """Train and score the run the composed config `cfg` describes, as `runtime` launches it (None:
+    outside Hydra), resolved here, once, into a RunSpec. What it ended as, also written to results.json
+    and the W&B summary: a RunResult (run_result.py)."""
+    return run_resolved(resolve(cfg, runtime))  # named, validated and merged with its start checkpoint's model
+
+
+def run_resolved(spec: RunSpec) -> RunResult:
+    """Train and score a resolved run; its folder is held by this process throughout (run_folder.locked)."""
     with locked(spec.run_dir, rank_zero()):
         return _run(spec)
 
@@ -238,7 +243,7 @@ def _start_point(spec: RunSpec, cont: Continuation) -> _Start:
     what the run will do."""
     if not spec.start:
         return _Start()
-    ckpt = start_checkpoint_path(str(spec.start), resume=not spec.finetune)
+    ckpt = spec.start_path  # the file `start` names, found once (run_identity.identify)
     start = _Start(ckpt, readable(ckpt))
     if start.state is None:
         raise ConfigError(f"{ckpt}: not a readable checkpoint")

@@ -60,17 +60,17 @@ HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job
 
 
 def task(cfg: DictConfig) -> float | None:
-    """The Hydra job: hold the folder, record the config, validate, run; on failure record it
-    (sweep) or clean up (single run)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from normlab.failure import is_multirun_job, record_failure
-    from normlab.run_config import validate_run_config
+    """The Hydra job: hold the folder, record the config, resolve (validate) and run; on failure record
+    it (sweep) or clean up (single run)."""
+    from normlab.failure import record_failure
     from normlab.run_folder import RunFolderInUse, locked, rank_zero
+    from normlab.run_identity import hydra_runtime
+    from normlab.run_spec import resolve
 
     normlab.resolvers.register_resolvers()  # a submitit worker unpickles this function without importing train.py
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    single = not is_multirun_job()
+    runtime = hydra_runtime()  # the job's Hydra values, read once here and passed on
+    run_dir = Path(runtime.output_dir)
+    single = not runtime.multirun
     try:
         # Held before anything is written into the folder: a second copy of a running command is
         # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already),
@@ -79,22 +79,22 @@ def task(cfg: DictConfig) -> float | None:
         with locked(run_dir, rank_zero()):
             try:
                 if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
-                    save_hydra_record(run_dir, cfg)
-                validate_run_config(cfg)  # before normlab.train (Lightning) is even imported
+                    save_hydra_record(run_dir, cfg, runtime.record)
+                spec = resolve(cfg, runtime)  # named as its folder was, validated: before normlab.train is imported
                 from normlab.callbacks.progress import console_setup
-                from normlab.train import run
+                from normlab.train import run_resolved
 
                 console_setup()  # before the Trainer prints its first lines
-                result = run(cfg)  # a RunResult (run_result.py)
+                result = run_resolved(spec)  # a RunResult (run_result.py)
             except Exception as err:
                 if not (single and isinstance(err, train_user_errors())
-                        and discard_if_untouched(run_dir, HydraConfig.get().job.name)):
-                    record_failure(cfg, err)  # results.json status failed; a multirun goes on
+                        and discard_if_untouched(run_dir, runtime.job_name)):
+                    record_failure(cfg, err, runtime)  # results.json status failed; a multirun goes on
                 if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
                     _failed.append(err)
                 return None
     except RunFolderInUse as err:  # the folder is another process's: write nothing there
-        refuse(err, run_dir, None if single else Path(HydraConfig.get().sweep.dir))
+        refuse(err, run_dir, None if single else Path(runtime.sweep_dir or run_dir.parent))
         if not single and os.getpid() not in _main_process:
             # a launcher's worker (submitit, joblib): the job fails, so that Hydra's sweeper raises the
             # refusal in main()'s process once the jobs have run, and the multirun exits 2 there too
@@ -103,17 +103,16 @@ def task(cfg: DictConfig) -> float | None:
     return result.objective()  # what an Optuna sweeper maximises
 
 
-def save_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
+def save_hydra_record(run_dir: Path, cfg: DictConfig, hydra_cfg: DictConfig) -> None:
     """What Hydra writes into a job's folder before the job starts (hydra.output_subdir), written
     by the job once it holds the folder (conf/hydra/default.yaml turns Hydra's off): the job's config,
-    Hydra's config and the command line's overrides, as Hydra 1.3 writes them (core/utils.py run_job,
-    _save_config: OmegaConf.to_yaml, unresolved; tests/test_run_lock.py compares the bytes)."""
+    Hydra's config (`hydra_cfg`, {hydra: ...} as run_job copies it: run_identity.Runtime.record) and the
+    command line's overrides, as Hydra 1.3 writes them (core/utils.py run_job, _save_config:
+    OmegaConf.to_yaml, unresolved; tests/test_run_lock.py compares the bytes)."""
     from omegaconf import OmegaConf
 
     from normlab.file_mode import atomic_write_bytes
-    from normlab.private_api import hydra_job_config
 
-    hydra_cfg = hydra_job_config()  # {hydra: ...}, as run_job copies it
     out = run_dir / HYDRA_RECORD
     out.mkdir(parents=True, exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),

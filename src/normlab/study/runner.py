@@ -101,17 +101,18 @@ def study_labels(study: Study, arm: Arm) -> tuple[str, ...]:
 def make_job(study: Study, arm: Arm, seed: int, overrides: list[str], runs: Path, record: Path,
              stop_at: int | None = None) -> Job:
     """A run of the study: its config composed with its labels and validated (one line naming the arm
-    if it is bad), its folder named by its identity (an existing folder of an older name is continued)."""
-    from normlab import identity
-    from normlab.run_folder import existing_name
+    if it is bad), its folder named by its identity as the run names it (run_identity.identify: a start
+    checkpoint's model merged in; an existing folder of an older name is continued)."""
+    from normlab.run_identity import Runtime, folder_name, identify
 
     labels = study_labels(study, arm)
     try:
         cfg = compose([*overrides, *labels])
     except UserError as e:
         raise UserError(f"{study.path.name}: arms.{arm.name}: {e}") from None
-    name = existing_name(runs, identity.run_name(cfg))
-    return Job(arm, seed, overrides, name, identity.identity_hash(cfg), runs / name, record, stop_at, labels)
+    ident = identify(cfg, Runtime(overrides=(*overrides, *labels), runs_dir=None))  # the command's typed keys
+    name = folder_name(ident, runs)  # the train command passes it as hydra.run.dir
+    return Job(arm, seed, overrides, name, ident.hash, runs / name, record, stop_at, labels)
 
 
 def record_done(job: Job) -> dict | None:
@@ -304,7 +305,7 @@ class Sweep:
 
     def _train_command(self, job: Job) -> list[str]:
         pause = [f"callbacks.preemption.stop_at_step={job.stop_at}"] if job.stop_at else []  # not identity
-        # the W&B group follows from the labels: study-<name>, study-<name>-smoke (run_spec._group)
+        # the W&B group follows from the labels: study-<name>, study-<name>-smoke (run_identity)
         return [sys.executable, "-m", "normlab.commands.train", *job.overrides, *job.labels, *pause, *self.launch,
                 f"hydra.run.dir={job.run_dir}"]
 
