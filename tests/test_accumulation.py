@@ -75,7 +75,7 @@ def test_accumulating_two_micro_batches_is_one_update_on_their_union():
     torch.manual_seed(0)
     ref = Seq2SeqModule(MODEL, optim=OPTIM, eval=EvalSpec())
     per_batch = [ref._loss(b) for b in (b1, b2)]
-    (sum(loss / n for loss, _, n in per_batch) / 2).backward()
+    (sum(loss / n for loss, _, n, _ in per_batch) / 2).backward()
     differs = [n for n, p in ref.named_parameters() if p.grad is not None
                and not torch.allclose(p.grad, whole[n], rtol=1e-3, atol=1e-6)]
     assert differs

@@ -94,7 +94,7 @@ def test_the_training_loss_smooths_as_the_settings_say(eps, convention):
     module = Seq2SeqModule(ModelConfig(**TINY).to_dict(), optim=optim, eval=EvalSpec()).eval()
     src, tgt = torch.randint(3, 40, (2, 5)), torch.randint(3, 40, (2, 6))
     tgt[1, 4:] = 0  # padding
-    loss, nll, ntok = module._loss({"src": src, "tgt_in": tgt, "tgt_out": tgt})
+    loss, nll, ntok, _ = module._loss({"src": src, "tgt_in": tgt, "tgt_out": tgt})
     with torch.no_grad():
         lp = torch.log_softmax(module.model(src, tgt).double(), dim=-1)[tgt != 0]  # (N, V), non-pad rows
     y = tgt[tgt != 0]
