@@ -82,7 +82,7 @@ def _plain(module, batches, warmup: int, device: str) -> float:
     for b in batches:
         clock.on_train_batch_start()
         b = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
-        loss, _, ntok = module._loss(b)
+        loss, _, ntok, _ = module._loss(b)
         (loss / ntok).backward()
         opt.step()
         sched.step()

@@ -7,8 +7,8 @@
   the linear layers only by default. The groups follow what nanoGPT, OLMo-core and torchtitan exempt:
 
     matrices    the weights of nn.Linear (attention projections, FFN): always decayed
-    embeddings  nn.Embedding weights: token embeddings, the untied output projection (a tied one is
-                the token embedding itself)
+    embeddings  nn.Embedding weights: token embeddings, learned position embeddings, the untied output
+                projection (a tied one is the token embedding itself)
     gains       the parameters of normalisation layers (LayerNorm / RMSNorm gains, ScaleNorm's g,
                 DyT's and Derf's α and weights), their biases aside
     biases      every parameter named `bias`

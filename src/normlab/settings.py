@@ -71,9 +71,15 @@ class OptimSpec:
         check_choice("optim.optimizer", self.optimizer, optimizers.OPTIMIZERS)
         check_number("optim.z_loss", self.z_loss, "a number >= 0 (0: no z-loss; PaLM's 1e-4)", lambda v: v >= 0)
         groups = list(self.no_decay) if isinstance(self.no_decay, (list, tuple)) else None
-        check(groups is not None and all(g in optimizers.EXEMPTABLE for g in groups), "optim.no_decay",
-              f"{self.no_decay!r} is not a list of parameter groups",
-              f"a list of {', '.join(optimizers.EXEMPTABLE)} (the matrices are always decayed)")
+        # each once and in one order, so that one set of groups is one run name
+        check(groups is not None and groups == [g for g in optimizers.EXEMPTABLE if g in groups], "optim.no_decay",
+              f"{self.no_decay!r} is not a list of parameter groups, each once, in the order "
+              f"{', '.join(optimizers.EXEMPTABLE)}", f"a list of {', '.join(optimizers.EXEMPTABLE)} (the matrices "
+              "are always decayed)")
+        # a value nothing reads would still rename the run (as norm.mix_ratio away from `mix`): refused
+        check(self.optimizer == "adamw" or sorted(groups) == sorted(optimizers.EXEMPTABLE), "optim.no_decay",
+              f"{list(groups)!r} with optim.optimizer={self.optimizer}: only adamw reads it",
+              "optim=adamw, or leave optim.no_decay at its default")
         b = self.betas
         betas = list(b) if hasattr(b, "__len__") and not isinstance(b, str) else [b]
         check(len(betas) == 2 and all(is_num(x) and 0 <= x < 1 for x in betas), "optim.betas",

@@ -39,6 +39,7 @@ from normlab.run_folder import (Continuation, csv_histories, locked, prepare, ra
                                 restore_csv_histories)
 from normlab.run_identity import Runtime
 from normlab.run_spec import RunSpec, resolve
+from normlab.settings import OptimSpec
 from normlab.scoring import signals_interrupt
 from normlab.signals import Signalled, hand_over
 
@@ -252,11 +253,29 @@ def _start_point(spec: RunSpec, cont: Continuation) -> _Start:
                           "not a normlab checkpoint (no tokenizer_proto): the token ids its weights were trained "
                           "on cannot be matched to this corpus's; start from a checkpoint a normlab run wrote "
                           "(<run>/checkpoints/*.ckpt)")
+    if spec.resume and cont.checkpoint is None:
+        _same_optimizer(spec, start.state)
     if spec.resume and cont.checkpoint is None and 0 < spec.max_steps <= start.step:
         raise ConfigError(f"resume={spec.start}", f"the checkpoint is at step {start.step}: trainer.max_steps="
                                                   f"{spec.max_steps} leaves nothing to train (set it above "
                                                   f"{start.step}, or use finetune= to start the step count afresh)")
     return start
+
+
+def _same_optimizer(spec: RunSpec, state: dict) -> None:
+    """resume= restores the optimizer's state, its parameter groups and each group's weight decay with
+    it (torch's load_state_dict): another optim.optimizer or optim.no_decay cannot resume it (a checkpoint
+    from before these keys trained with Adam and the default groups)."""
+    saved = OptimSpec.of({k: v for k, v in ((state.get("hyper_parameters") or {}).get("optim") or {}).items()
+                          if k in ("optimizer", "no_decay")})
+    now = spec.optim
+    for key in ("optimizer", "no_decay"):
+        was, is_ = getattr(saved, key), getattr(now, key)
+        if (sorted(was) != sorted(is_)) if key == "no_decay" else was != is_:
+            raise ConfigError(f"optim.{key}", f"{list(is_) if key == 'no_decay' else is_!r}: resume={spec.start} "
+                                              f"trained with {list(was) if key == 'no_decay' else was!r}, whose "
+                                              "optimizer state resume restores (use finetune= to start the "
+                                              "optimizer afresh, or leave the key as it was)")
 
 
 def _data_and_module(leg: _Leg) -> None:
