@@ -268,14 +268,15 @@ def _same_optimizer(spec: RunSpec, state: dict) -> None:
     from before these keys trained with Adam and the default groups)."""
     saved = OptimSpec.of({k: v for k, v in ((state.get("hyper_parameters") or {}).get("optim") or {}).items()
                           if k in ("optimizer", "no_decay")})
-    now = spec.optim
+    def plain(v):  # no_decay: a list (validated into one order), whatever sequence held it
+        return list(v) if isinstance(v, (list, tuple)) else v
+
     for key in ("optimizer", "no_decay"):
-        was, is_ = getattr(saved, key), getattr(now, key)
-        if (sorted(was) != sorted(is_)) if key == "no_decay" else was != is_:
-            raise ConfigError(f"optim.{key}", f"{list(is_) if key == 'no_decay' else is_!r}: resume={spec.start} "
-                                              f"trained with {list(was) if key == 'no_decay' else was!r}, whose "
-                                              "optimizer state resume restores (use finetune= to start the "
-                                              "optimizer afresh, or leave the key as it was)")
+        was, now = plain(getattr(saved, key)), plain(getattr(spec.optim, key))
+        if was != now:
+            raise ConfigError(f"optim.{key}", f"{now!r}: resume={spec.start} trained with {was!r}, whose optimizer "
+                                              "state resume restores (use finetune= to start the optimizer afresh, "
+                                              "or leave the key as it was)")
 
 
 def _data_and_module(leg: _Leg) -> None:
