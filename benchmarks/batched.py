@@ -167,7 +167,10 @@ def supported(cfg) -> str | None:
               "learned_positions": (cfg.learned_positions, (False,)), "init": (cfg.init, ("xavier",)),
               "residual": (cfg.residual, ("add",)), "layer_aggregation": (cfg.layer_aggregation, ("none",)),
               "qk_norm": (cfg.qk_norm, ("none",)), "value_residual": (cfg.value_residual, (False,)),
-              "fixnorm": (cfg.norm.fixnorm, (False,))}
+              "fixnorm": (cfg.norm.fixnorm, (False,)), "attn_gate": (cfg.attn_gate, ("none",)),
+              "attn_sink": (cfg.attn_sink, (False,)), "attn_softcap": (cfg.attn_softcap, (None,)),
+              "logit_softcap": (cfg.logit_softcap, (None,)), "k_norm": (cfg.k_norm, (False,)),
+              "v_norm": (cfg.v_norm, (False,))}
     bad = [f"{k}={v}" for k, (v, ok) in checks.items() if v not in ok]
     return ", ".join(bad) or None
 

@@ -75,11 +75,15 @@ def test_mix_ratio_at_its_default_keeps_the_pinned_names():
     assert identity.run_name(mix).startswith("bible_de_en-mix-xavier-")
 
 
-# Keys added by issues 20 and 36, at their defaults: a pinned run keeps its name; another value is another run.
+# Keys added by issues 20, 36 and 38, at their defaults: a pinned run keeps its name; another value is another run.
 NEW_MODEL_KEYS = {"model.qk_norm": ("none", "l2"), "model.qk_norm_scale_init": ("null", "8.0"),
                   "model.value_residual": ("false", "true"), "model.residual": ("add", "hyper"),
                   "model.residual_streams": ("4", "2"), "model.residual_mixing": ("static", "dynamic"),
-                  "model.bias": ("true", "false")}
+                  "model.bias": ("true", "false"),
+                  # the attention-stability schemes (issue 38, model/stability.py)
+                  "model.attn_gate": ("none", "headwise"), "model.attn_sink": ("false", "true"),
+                  "model.attn_softcap": ("null", "50.0"), "model.logit_softcap": ("null", "30.0"),
+                  "model.k_norm": ("false", "true"), "model.v_norm": ("false", "true")}
 
 
 @pytest.mark.parametrize("key", NEW_MODEL_KEYS)
@@ -203,6 +207,16 @@ def test_attention_options_are_in_the_names_and_arm_labels():
         mhc = compose(config_name="config", overrides=["+arm=mhc"])
     assert identity.labels(hyper)["arm"] == "pre_ln+hyper4" and identity.labels(mhc)["arm"] == "pre_ln+mhc4_dynamic"
     assert identity.run_name(mhc).startswith("bible_de_en-pre_ln-xavier-mhc4_dynamic-none-e3d3-s1-")
+
+
+def test_the_attention_stability_schemes_are_named_so():
+    """Each scheme of issue 38 is in the run's name and arm (off: today's names, pinned above)."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        gated = compose(config_name="config", overrides=["model.attn_gate=elementwise", "model.attn_sink=true"])
+        capped = compose(config_name="config", overrides=["model.attn_softcap=50", "model.logit_softcap=30.0",
+                                                          "model.k_norm=true", "model.v_norm=true", "model.bias=false"])
+    assert identity.run_name(gated).startswith("bible_de_en-pre_ln-xavier-gate_elementwise+sink-none-e3d3-s1-")
+    assert identity.labels(capped)["arm"] == "pre_ln+nobias+acap50+ocap30+knorm+vnorm"
 
 
 def test_a_bias_free_model_is_named_so():

@@ -22,6 +22,7 @@ from normlab.model.hyper import refusal as residual_refusal
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
 from normlab.model.initialization import INITS
 from normlab.model.norms import NORMS
+from normlab.model.stability import ATTN_GATES
 from normlab.model.schemes import MIX_RATIO, PLACEMENTS, get_scheme
 from normlab.regularizers.layerdrop import RATES as LAYERDROP_RATES
 
@@ -150,6 +151,16 @@ class ModelConfig:
     # Value residual (Zhou et al. 2024; model/attention.py): self-attention of layer n attends over
     # λ₁·V₁ + λ₂·V_n, V₁ the first layer's values of the same stack, λ learned (init 0.5).
     value_residual: bool = False
+    # Attention-stability schemes (model/stability.py), in every attention of both stacks: gated attention
+    # (Qiu et al. 2025: none | headwise | elementwise), a learned sink per head (gpt-oss), soft-capping of the
+    # attention logits and of the vocabulary logits (Gemma 2: c·tanh(s/c), null = off), RMSNorm of each
+    # head's keys / values without the queries' (x-transformers k_rmsnorm, value_rmsnorm).
+    attn_gate: str = "none"
+    attn_sink: bool = False
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    k_norm: bool = False
+    v_norm: bool = False
     # Hyper-connections (model/hyper.py): add (one residual stream) | hyper (Zhu et al. 2024) | mhc
     # (Xie et al. 2025, doubly-stochastic stream mixing); n streams, static or dynamic mixing.
     residual: str = "add"
@@ -177,7 +188,8 @@ class ModelConfig:
               f"{self.decoder_d_model} is not divisible by model.decoder_heads={self.decoder_heads}")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             _prob(f"model.{key}", getattr(self, key))
-        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual", "bias"):
+        for key in ("learned_positions", "share_embeddings", "tie_output_embeddings", "value_residual", "bias",
+                    "attn_sink", "k_norm", "v_norm"):
             check_bool(f"model.{key}", getattr(self, key))
         check(not self.share_embeddings or self.d_model == self.decoder_d_model, "model.share_embeddings",
               f"true needs model.d_model == model.decoder_d_model ({self.d_model} != {self.decoder_d_model})")
@@ -189,6 +201,10 @@ class ModelConfig:
         check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
         check_number("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
                      "L = model.max_positions", lambda v: v > 0, null=True)
+        check_choice("model.attn_gate", self.attn_gate, ATTN_GATES)
+        for key in ("attn_softcap", "logit_softcap"):
+            check_number(f"model.{key}", getattr(self, key), "a number > 0 (the cap c of c·tanh(s/c)), or null for none",
+                         lambda v: v > 0, null=True)
         check_choice("model.residual", self.residual, RESIDUALS)
         check_positive("model.residual_streams", self.residual_streams)
         check_choice("model.residual_mixing", self.residual_mixing, RESIDUAL_MIXINGS)
@@ -196,6 +212,9 @@ class ModelConfig:
         check(self.qk_norm_scale_init is None or self.qk_norm == "l2", "model.qk_norm_scale_init",
               f"{self.qk_norm_scale_init} with model.qk_norm={self.qk_norm}: only l2 QK-norm has a learned scale g "
               "(Henry et al. 2020); set model.qk_norm=l2 or leave the scale null")
+        # x-transformers refuses qk_rmsnorm with k_rmsnorm alike: the keys would be normalised twice
+        check(not self.k_norm or self.qk_norm == "none", "model.k_norm",
+              f"true with model.qk_norm={self.qk_norm}: QK-norm already normalises the keys; choose one")
         self.norm.validate()
         _refuse(residual_refusal(self))  # placements other than pre-norm's, DLCL; keys unused by add
         self.regularizer.validate()

@@ -69,6 +69,9 @@ NEUTRAL = {
     "optim.optimizer": "adam",  # AdamW's parameter groups (issue 38): off, Adam on every parameter as before
     "optim.no_decay": ["embeddings", "gains", "biases", "scheme"],  # read by optimizer=adamw alone
     "optim.z_loss": 0.0,  # the output softmax's z-loss (issue 38): off
+    # the attention-stability schemes (issue 38, model/stability.py): each off, attention and logits as before
+    "model.attn_gate": "none", "model.attn_sink": False, "model.attn_softcap": None, "model.logit_softcap": None,
+    "model.k_norm": False, "model.v_norm": False,
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
@@ -199,10 +202,22 @@ def attention_label(model: Any) -> str:
     parts = ["nobias"] if model.get("bias", True) is False else []
     parts += [f"qk_{model['qk_norm']}"] if model.get("qk_norm") not in (None, "none") else []
     parts += ["vres"] if model.get("value_residual") else []
+    parts += stability_parts(model)
     if model.get("residual") not in (None, "add"):
         dynamic = "_dynamic" if model.get("residual_mixing") == "dynamic" else ""
         parts.append(f"{model['residual']}{model.get('residual_streams')}{dynamic}")
     return "+".join(parts) or "none"
+
+
+def stability_parts(model: Any) -> list[str]:
+    """The attention-stability schemes a model uses (issue 38): gate_headwise, gate_elementwise, sink,
+    acap50 (attention-logit cap c), ocap30 (output-logit cap), knorm, vnorm."""
+    gate = model.get("attn_gate")
+    parts = [f"gate_{gate}"] if gate not in (None, "none") else []
+    parts += ["sink"] if model.get("attn_sink") else []
+    parts += [f"{p}cap{_num(model[k])}" for p, k in (("a", "attn_softcap"), ("o", "logit_softcap"))
+              if model.get(k) is not None]
+    return parts + [k.replace("_", "") for k in ("k_norm", "v_norm") if model.get(k)]
 
 
 RUN_LABELS = ("study", "arm", "budget", "debug")  # the config's `labels` a run carries (normlab-study, debug=)

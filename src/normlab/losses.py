@@ -103,8 +103,11 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     # Every chunk writes into the same buffers, (C, V) logits, (C, V) log-probs that become the
     # gradient, (V, D) for its share of dL/dW, and its dL/dx rows straight into dL/dx: on CPU fresh
     # tensors of that size in every chunk cost 10-15% of the loss. Bit for bit the same sums.
+    # cap (model.logit_softcap): the logits are c·tanh(xWᵀ/c) (Gemma 2), capped in place in their buffer;
+    # the gradient wrt xWᵀ is the one wrt the capped logits times 1 − (capped/c)².
     @staticmethod
-    def forward(ctx, x, weight, target, a: float, b: float, pad_id: int, grads: bool, z: float = 0.0):
+    def forward(ctx, x, weight, target, a: float, b: float, pad_id: int, grads: bool, z: float = 0.0,
+                cap: float | None = None):
         N, V = x.size(0), weight.size(0)
         rows = max(1, CHUNK_ELEMENTS.get(x.device.type, 1 << 22) // V)
         acc = torch.promote_types(x.dtype, torch.float32)
@@ -123,6 +126,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         for i in range(0, N, rows):
             xc, tc = xm[i:i + rows], target[i:i + rows]
             logits = torch.mm(xc, wt, out=logits_buf[:xc.size(0)])  # (C, V)
+            if cap is not None:
+                logits = logits.div_(cap).tanh_().mul_(cap)
             lprobs = torch.log_softmax(logits, dim=-1, dtype=acc, out=lprobs_buf[:xc.size(0)])
             keep = tc.ne(pad_id).to(acc)
             tc = tc[:, None]  # (C, 1), as _sums and _logit_grad_ take it
@@ -135,6 +140,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                 z_rows = (2.0 * z) * log_z * keep
             if grads:
                 g = _logit_grad_(lprobs, tc, keep, coefs, z_rows)  # (C, V)
+                if cap is not None:  # d(c·tanh(u/c))/du = 1 − tanh²(u/c)
+                    g.mul_(logits.to(acc).div(cap).square_().neg_().add_(1.0))
                 g = g if g.dtype == mm else g.to(mm)  # no aten::to call when already there (fp32)
                 if gx.dtype == mm:
                     torch.mm(g, wm, out=gx[i:i + rows])
@@ -149,25 +156,27 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss, g_nll, g_zsum):
         gx, gw = ctx.saved_tensors
-        return gx * g_loss, (gw * g_loss).to(ctx.weight_dtype), None, None, None, None, None, None
+        return gx * g_loss, (gw * g_loss).to(ctx.weight_dtype), None, None, None, None, None, None, None
 
 
 def projected_label_smoothed_nll(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float,
-                                 pad_id: int, convention: str = "uniform", z_loss: float = 0.0
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """label_smoothed_nll(x @ weight.T, ...) for x (..., D), weight (V, D), without the logits tensor:
+                                 pad_id: int, convention: str = "uniform", z_loss: float = 0.0,
+                                 softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """label_smoothed_nll(x @ weight.T, ...) for x (..., D), weight (V, D), without the logits tensor
+    (of softcap·tanh(x @ weight.T / softcap) with a softcap, model.logit_softcap):
     (objective, nll, Σ log²Z), each summed over non-pad targets. The objective is the smoothed loss,
     plus z_loss · Σ log²Z when z_loss > 0 (at 0, Σ log²Z is not computed: 0). Only the objective is
     differentiable."""
     a, b = _coefficients(eps, weight.size(0), convention)
     grads = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     return _ProjectedSmoothedNLL.apply(x.reshape(-1, x.size(-1)), weight, target.reshape(-1), a, b, pad_id, grads,
-                                       float(z_loss))
+                                       float(z_loss), None if softcap is None else float(softcap))
 
 
 def model_loss(model, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, eps: float, pad_id: int,
                convention: str = "uniform", z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training objective of a Seq2SeqTransformer: (smoothed loss [+ z-loss], nll, Σ log²Z) summed
     over non-pad targets."""
-    x, weight = model.output_projection.operands(model(src, tgt_in, project=False))
-    return projected_label_smoothed_nll(x, weight, tgt_out, eps, pad_id, convention, z_loss)
+    out = model.output_projection
+    x, weight = out.operands(model(src, tgt_in, project=False))
+    return projected_label_smoothed_nll(x, weight, tgt_out, eps, pad_id, convention, z_loss, out.softcap)

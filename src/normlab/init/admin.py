@@ -206,7 +206,9 @@ def omega_values(model: nn.Module) -> dict[str, list[float]]:
 
 def _input_linears(sublayer: nn.Module) -> list[nn.Linear]:
     if isinstance(sublayer, MultiheadAttention):
-        return [sublayer.q_proj] if sublayer.kind == "cross" else [sublayer.q_proj, sublayer.k_proj, sublayer.v_proj]
+        # gated attention's W_θ reads the queries' input too (model/stability.py): its columns fold alike
+        gate = [] if sublayer.stability is None or sublayer.stability.gate is None else [sublayer.stability.gate]
+        return [sublayer.q_proj, *gate] + ([] if sublayer.kind == "cross" else [sublayer.k_proj, sublayer.v_proj])
     if hasattr(sublayer, "fc1"):
         return [sublayer.fc1]
     raise TypeError(f"do not know the input linear maps of {type(sublayer).__name__}")

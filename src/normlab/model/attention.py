@@ -14,7 +14,9 @@ projection (Sub-LN, Wang et al. 2022), `qk_norm` on the per-head queries and key
 et al. 2020; model.qk_norm, see L2QKNorm and RMSQKNorm), `value_residual` on a self-attention's
 values (Zhou et al. 2024; model.value_residual, see ValueResidual). HybridNorm's QKV-norm (Zhuo et al.
 2025; norm.placement=hybrid, see QKVNorm) reaches the module as its scheme's `inner_norm` and acts on
-the per-head queries, keys and values instead of the merged heads.
+the per-head queries, keys and values instead of the merged heads. `stability` holds the
+attention-stability schemes (gated attention, a learned sink, logit soft-capping, key / value RMSNorm;
+model/stability.py), None when all are off.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.model.norms import RMSNorm, build_norm, l2_normalized
+from normlab.model.stability import AttentionStability
 from normlab.private_api import tensor_version
 
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
@@ -207,7 +210,7 @@ class MultiheadAttention(nn.Module):
                  kdim: int | None = None, vdim: int | None = None, kind: str = "encoder_self",
                  drophead: nn.Module | None = None, inner_norm: nn.Module | None = None,
                  qk_norm: nn.Module | None = None, value_residual: ValueResidual | None = None,
-                 bias: bool = True):
+                 bias: bool = True, stability: AttentionStability | None = None):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -230,6 +233,7 @@ class MultiheadAttention(nn.Module):
         if value_residual is not None and kind == "cross":
             raise ValueError(f"value residual is for self-attention, not kind={kind!r}")
         self.value_residual = value_residual  # None: the values as projected
+        self.stability = stability  # None: SDPA on q, k, v as above, no gate
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 key_padding_mask: torch.Tensor | None = None, causal: bool = False,
@@ -246,10 +250,13 @@ class MultiheadAttention(nn.Module):
             q = q.view(-1, G, self.num_heads, T, self.head_dim).transpose(1, 2).flatten(2, 3)  # (B/G, H, G·T, Dh)
         attn_mask, is_causal = _attention_mask(key_padding_mask, causal, q.size(2), k.size(2), x.device)
         scale = None if self._qk_norm() is None else self._qk_norm().sdpa_scale  # None: SDPA's 1/√d_head
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                             dropout_p=self.dropout if self.training else 0.0, scale=scale)
+        attend = F.scaled_dot_product_attention if self.stability is None else self.stability.attend
+        out = attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                     dropout_p=self.dropout if self.training else 0.0, scale=scale)
         if G > 1:
             out = out.unflatten(2, (G, T)).transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)
+        if self.stability is not None:  # gated attention on the SDPA output, from the queries' input x
+            out = self.stability.gated(x, out)
         out = self.drophead(out)  # (B, H, T, Dh)
         if head_mask is not None:
             out = out * head_mask.to(out.dtype)[:, :, None, None]  # (B, H, 1, 1) x (B, H, T, Dh)
@@ -281,6 +288,8 @@ class MultiheadAttention(nn.Module):
             k, v = self._split(k), self._split(v)
             k = k if qk is None else qk.key(k)
             v = v if qkv is None else qkv.value(v)
+            if self.stability is not None:  # key / value RMSNorm, cached normalised as QK-norm's keys
+                k, v = self.stability.key(k), self.stability.value(v)
             if state is not None:
                 state["k"], state["v"] = k, v
             return q, k, v
@@ -289,6 +298,8 @@ class MultiheadAttention(nn.Module):
             q, k = qk.query(q), qk.key(k)
         if qkv is not None:  # before the value residual: it mixes the normalised values V₁ and V_n
             v = qkv.value(v)
+        if self.stability is not None:  # likewise
+            k, v = self.stability.key(k), self.stability.value(v)
         if self.value_residual is not None:  # the new positions' values, mixed before they are cached
             v = self.value_residual(v, values)
         if cache is not None:

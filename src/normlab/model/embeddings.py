@@ -17,6 +17,7 @@ from torch import nn
 
 from normlab.model.dropout import Dropout
 from normlab.model.norms import l2_normalized
+from normlab.model.stability import softcap
 
 
 def sinusoidal_table(max_positions: int, d: int) -> torch.Tensor:
@@ -98,16 +99,20 @@ class OutputProjection(nn.Module):
     # x @ normalize(E)ᵀ and that norm's g is the output scale, as the authors'; normalising x again
     # would leave that g without gradient. Otherwise (post-norm, other norm types, ResiDual's
     # output) this module normalises x and owns g: the same function.
+    # softcap (model.logit_softcap; Gemma 2): logits c·tanh(z/c), here for decoding and in the chunked
+    # loss (losses.model_loss reads it), so training, validation and decoding score the same logits.
     def __init__(self, vocab_size: int, d: int, tied: TokenEmbedding | None, fixnorm: bool = False,
-                 scaled_input: bool = False):
+                 scaled_input: bool = False, softcap: float | None = None):
         super().__init__()
         self.tied = tied
         self.untied = None if tied is not None else nn.Embedding(vocab_size, d)
         self.fixnorm = fixnorm
         self.g = nn.Parameter(torch.tensor(math.sqrt(d))) if fixnorm and not scaled_input else None
+        self.softcap = softcap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(*self.operands(x))  # (B, T, V)
+        logits = F.linear(*self.operands(x))  # (B, T, V)
+        return logits if self.softcap is None else softcap(logits, self.softcap)
 
     def operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # (x', W') with logits = x' W'ᵀ, so the training loss can take the product in row chunks

@@ -29,6 +29,7 @@ from normlab.model.initialization import init_model_
 from normlab.model.norms import ScaleNorm, build_norm
 from normlab.model.residual import ResidualBlock
 from normlab.model.schemes import get_scheme
+from normlab.model.stability import build_stability
 from normlab.regularizers.drophead import DropHead
 from normlab.regularizers.layerdrop import layer_list
 
@@ -79,9 +80,11 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     qk_norm = build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps)
     # Value residual (Zhou et al. 2024) in the self-attention of every layer of both stacks.
     value_residual = ValueResidual() if cfg.value_residual and kind != "cross" else None
+    # The attention-stability schemes (model/stability.py), in self- and cross-attention alike.
     return MultiheadAttention(d, heads, cfg.attention_dropout, kdim=memory_dim, vdim=memory_dim, kind=kind,
                               drophead=drophead, inner_norm=_inner_norm(cfg, d, kind), qk_norm=qk_norm,
-                              value_residual=value_residual, bias=cfg.bias)
+                              value_residual=value_residual, bias=cfg.bias,
+                              stability=build_stability(cfg, heads, d // heads, d))
 
 
 def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
@@ -212,7 +215,8 @@ class Seq2SeqTransformer(nn.Module):
         tied = dec_tokens if cfg.tie_output_embeddings else None
         # FixNorm: a decoder that ends in a ScaleNorm hands over g·x/‖x‖, whose g is the output scale.
         scaled = isinstance(self.decoder.final_norm, ScaleNorm)
-        self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled)
+        self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled,
+                                                  softcap=cfg.logit_softcap)
         init_model_(self)
         self.register_load_state_dict_pre_hook(_fixnorm_scale_moved)  # hook(module, state_dict, prefix, ...)
 

@@ -160,6 +160,10 @@ class Hybrid(Scheme):
         if cfg.qk_norm != "none":
             return ("model.qk_norm", f"{cfg.qk_norm} with norm.placement={self.name}: HybridNorm's QKV-norm already "
                     "normalises q and k in every attention; leave model.qk_norm=none")
+        for key in ("k_norm", "v_norm"):
+            if getattr(cfg, key):
+                return (f"model.{key}", f"true with norm.placement={self.name}: HybridNorm's QKV-norm already "
+                        f"normalises k and v in every attention; leave model.{key}=false")
         return super().model_refusal(cfg)
 
 
