@@ -11,7 +11,7 @@ import torch
 
 from normlab.config import ConfigError, ModelConfig
 from normlab.model.attention import MultiheadAttention
-from normlab.model.stability import AttentionStability
+from normlab.model.stability import PAPERS, AttentionStability
 from normlab.model.transformer import Seq2SeqTransformer
 
 from test_attention_features import check_cached_decoding, heads, source, tiny
@@ -298,3 +298,14 @@ def test_bad_values_and_combinations_are_refused_in_one_line(kw, line):
     with pytest.raises(ConfigError) as e:
         ModelConfig(**{**dict(vocab_size=V), **kw})
     assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_every_scheme_is_in_the_docs_table_with_its_paper():
+    from conftest import ROOT
+
+    rows = [line for line in (ROOT / "docs" / "schemes.md").read_text(encoding="utf-8").split("\n") if line.startswith("| `")]
+    for key, paper in PAPERS.items():
+        mine = [row for row in rows if row.startswith(f"| `{key}=")]
+        assert mine and all(paper in row for row in mine), (key, paper)
+    assert set(PAPERS) == {f"model.{k}" for k in ("attn_gate", "attn_sink", "attn_softcap", "logit_softcap",
+                                                   "k_norm", "v_norm")}

@@ -14,7 +14,7 @@
     biases      every parameter named `bias`
     scheme      everything else: the schemes' own scalars and small matrices (ReZero's α, Admin's ω,
                 DLCL / DWA weights, hyper-connection weights, QK-norm's g, differential attention's λ,
-                FixNorm's g)
+                FixNorm's g, gated attention's W_θ, the attention sinks' logits)
 
   `optim.no_decay` names the groups that are not decayed (default: all but matrices); each group's
   members are listed in the run log.

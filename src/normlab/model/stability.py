@@ -25,6 +25,11 @@ from torch import nn
 from normlab.model.norms import RMSNorm, widened
 
 ATTN_GATES = ("none", "headwise", "elementwise")  # model.attn_gate
+# Each key's source, as docs/schemes.md's table row for it cites it (tests/test_attention_stability.py)
+PAPERS = {"model.attn_gate": "Qiu et al. 2025, Gated Attention (arXiv 2505.06708",
+          "model.attn_sink": "OpenAI 2025, gpt-oss", "model.attn_softcap": "Gemma Team 2024, Gemma 2",
+          "model.logit_softcap": "Gemma Team 2024, Gemma 2", "model.k_norm": "x-transformers `k_rmsnorm`",
+          "model.v_norm": "x-transformers `value_rmsnorm`"}
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
