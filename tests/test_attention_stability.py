@@ -309,3 +309,16 @@ def test_every_scheme_is_in_the_docs_table_with_its_paper():
         assert mine and all(paper in row for row in mine), (key, paper)
     assert set(PAPERS) == {f"model.{k}" for k in ("attn_gate", "attn_sink", "attn_softcap", "logit_softcap",
                                                    "k_norm", "v_norm")}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_runs_the_sink_mask_and_the_capped_softmax(dtype):
+    # Under autocast q, k, v are half precision: the sink's float mask takes q's dtype (SDPA refuses
+    # another), the capped logits and their softmax are computed in float32 and rounded once.
+    model = stability_model("all_pre_wide_decoder")
+    src = source()
+    full = model(src, src)
+    with torch.autocast("cpu", dtype=dtype):
+        half = model(src, src)
+    assert half.dtype == dtype
+    torch.testing.assert_close(half.float(), full, atol=0.05, rtol=0.05)

@@ -43,6 +43,9 @@ def one_error_line(capsys) -> str:
                             "sentences > 0, or null for all)"),
     ("eval.valid_subset=0.5", "error: eval.valid_subset: 0.5 is not valid (allowed: an integer number of valid "),
     ("resume=nowhere.ckpt", "error: nowhere.ckpt: no such checkpoint file"),
+    # the attention-stability schemes (issue 38): a value, and a combination
+    ("model.attn_gate=channel", "error: model.attn_gate: 'channel' is not valid (allowed: none, headwise, elementwise)"),
+    ("model.k_norm=true model.qk_norm=rms", "error: model.k_norm: true with model.qk_norm=rms: QK-norm already "),
     # found by a new user's trial: each used to crash late, leave a folder, or run silently wrong
     ("seed=-1", "error: seed: -1 is not valid (allowed: an integer in [0, 2**32 - 1])"),
     ("retrain=no", "error: retrain: 'no' is not valid (allowed: true, false)"),
