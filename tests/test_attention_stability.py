@@ -197,6 +197,9 @@ MODELS = {  # each scheme in a whole model, and with the schemes it composes wit
                                              attn_sink=True),
     "hybrid_gate_softcap_sink": dict(attn_gate="elementwise", attn_softcap=1.5, attn_sink=True,
                                      norm={"placement": "hybrid", "type": "rmsnorm"}),
+    "deepnorm_k_norm_gate": dict(k_norm=True, attn_gate="headwise", norm={"placement": "deepnorm"}),
+    "hyper_sink_logit_softcap": dict(residual="hyper", norm={"placement": "pre"}, attn_sink=True, logit_softcap=2.0,
+                                     v_norm=True),
 }
 
 
@@ -293,6 +296,7 @@ def test_a_checkpoint_saved_before_the_schemes_loads(tmp_path):
     (dict(k_norm=True, qk_norm="rms"), "model.k_norm: true with model.qk_norm=rms: QK-norm already normalises"),
     (dict(k_norm=True, norm={"placement": "hybrid"}), "model.k_norm: true with norm.placement=hybrid: HybridNorm"),
     (dict(v_norm=True, norm={"placement": "hybrid_star"}), "model.v_norm: true with norm.placement=hybrid_star"),
+    (dict(v_norm=True, norm={"placement": "deepnorm"}), "model.v_norm: true with norm.placement=deepnorm: DeepNet "),
 ])
 def test_bad_values_and_combinations_are_refused_in_one_line(kw, line):
     with pytest.raises(ConfigError) as e:

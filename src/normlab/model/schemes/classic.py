@@ -71,6 +71,14 @@ class DeepNorm(Post):
     def branch_gains(self, n_enc, n_dec):
         return {stack: beta for stack, (_, beta) in deepnorm_constants(n_enc, n_dec).items()}
 
+    def model_refusal(self, cfg):
+        # DeepNet bounds the model update with β on v (and out, fc1, fc2); RMSNorm(β·v) = RMSNorm(v) voids it.
+        # (Sub-LN's γ on v is voided by its own inner norm already, so its v_norm is not refused.)
+        if cfg.v_norm:
+            return ("model.v_norm", "true with norm.placement=deepnorm: DeepNet scales the value projection by β at "
+                    "init (Wang et al. 2022), which RMSNorm of the values undoes; leave model.v_norm=false")
+        return super().model_refusal(cfg)
+
 
 class SubLN(Pre):
     """x = x + drop(F(N(x))) as pre-norm, and a final N; F has a norm before its last linear map:
