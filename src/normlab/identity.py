@@ -69,6 +69,8 @@ NEUTRAL = {
     "optim.optimizer": "adam",  # AdamW's parameter groups (issue 38): off, Adam on every parameter as before
     "optim.no_decay": ["embeddings", "gains", "biases", "scheme"],  # read by optimizer=adamw alone
     "optim.z_loss": 0.0,  # the output softmax's z-loss (issue 38): off
+    "optim.skip_spikes": None,  # skipping updates whose gradient norm spikes (issue 38): off
+    "optim.spike_window": 100,  # its window; read with skip_spikes alone
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
