@@ -32,7 +32,7 @@ from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
-from normlab.private_api import logs_this_step
+from normlab.private_api import logs_this_step, unscales_in_step
 from normlab.scoring import num_batches
 from normlab.settings import EvalSpec, OptimSpec
 from normlab.spikes import SpikeGate
@@ -226,7 +226,7 @@ class Seq2SeqModule(L.LightningModule):
         if gradient_clip_val and math.isfinite(value):  # the share of updates clipping shortens
             self.stats.clipped += float(value > gradient_clip_val)
             self.stats.clip_steps += 1
-        fused_scaling = scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+        fused_scaling = scaler is not None and unscales_in_step(optimizer)
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and not fused_scaling:
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:  # by value, none, or Lightning's refusal of a fused optimizer's scaled gradients
