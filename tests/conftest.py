@@ -5,6 +5,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see n
 import gzip
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -109,13 +110,34 @@ def wandb_records(path: Path):
     return records(path)
 
 
+class SpikeAtStep:
+    """A callback that multiplies the gradient of the update at 0-based `step` by `factor` before the
+    optimizer step (a spike, for optim.skip_spikes): `+callbacks.spike._target_=conftest.SpikeAtStep
+    +callbacks.spike.step=5` with PYTHONPATH=tests."""
+
+    def __new__(cls, step: int = 1, factor: float = 1e6):
+        from lightning.pytorch.callbacks import Callback
+
+        class _Spike(Callback):
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+                if trainer.global_step == step:
+                    for p in pl_module.parameters():
+                        if p.grad is not None:
+                            p.grad.mul_(factor)
+
+        return _Spike()
+
+
 class FakeTrainer:
     """What the divergence guard reads of a Trainer, for driving it by hand."""
     global_step, world_size, precision_plugin, limit_val_batches, should_stop = 0, 1, None, 1.0, False
 
 
 class FakeModule:
-    """A LightningModule that prints and logs nothing (a guard driven by hand)."""
+    """A LightningModule that prints and logs nothing (a guard driven by hand); its stats say no
+    gradient norm was measured (lit_module.TrainStats)."""
+    stats = SimpleNamespace(grad_norm=None)
+
     def print(self, *a):
         pass
 

@@ -176,3 +176,14 @@ def test_numpy_memmap_exposes_its_mmap(tmp_path):
     if hasattr(mmap, "MADV_RANDOM"):
         mm.madvise(mmap.MADV_RANDOM)
     assert api.numpy_mmap(np.zeros(3)) is None and int(arr[4095]) == 4095
+
+
+def test_a_fused_optimizer_says_it_unscales_in_its_step():
+    """lit_module clips with its own norm unless the grads are still fp16-scaled there: a fused Adam
+    unscales inside its step (GradScaler then leaves the grads scaled), foreach Adam and Muon+AdamW do not."""
+    from normlab.optimizers import MuonWithAdamW
+
+    w, v = nn.Parameter(torch.randn(3, 3)), nn.Parameter(torch.randn(3))
+    assert api.unscales_in_step(torch.optim.Adam([v], fused=True)) is True
+    assert api.unscales_in_step(torch.optim.Adam([v], foreach=True)) is False
+    assert api.unscales_in_step(MuonWithAdamW([{"params": [w]}], [{"params": [v]}], {}, {})) is False

@@ -72,6 +72,8 @@ NEUTRAL = {
     # the attention-stability schemes (issue 38, model/stability.py): each off, attention and logits as before
     "model.attn_gate": "none", "model.attn_sink": False, "model.attn_softcap": None, "model.logit_softcap": None,
     "model.k_norm": False, "model.v_norm": False,
+    "optim.skip_spikes": None,  # skipping updates whose gradient norm spikes (issue 38): off
+    "optim.spike_window": 100,  # its window; read with skip_spikes alone
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}

@@ -32,9 +32,10 @@ from normlab.losses import model_loss
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
-from normlab.private_api import logs_this_step
+from normlab.private_api import logs_this_step, unscales_in_step
 from normlab.scoring import num_batches
 from normlab.settings import EvalSpec, OptimSpec
+from normlab.spikes import SpikeGate
 
 
 log = logging.getLogger("normlab")
@@ -64,6 +65,13 @@ def adam_on_gpu(precision: str, clipping: bool) -> dict:
     return {} if clipping and "mixed" in precision else {"fused": True}
 
 
+def _drop(params: list) -> None:
+    """No update from this gradient: torch's optimizers step only the parameters that have one, so
+    the weights, their moments and their step counts stay as they were (the schedule still advances)."""
+    for p in params:
+        p.grad = None
+
+
 @dataclass
 class TrainStats:
     """What training leaves for the callbacks, a field the module declares (Seq2SeqModule.stats)
@@ -74,9 +82,13 @@ class TrainStats:
     tokens: int = 0  # target tokens trained, over every leg of the run
     seconds: float = 0.0  # seconds in training steps, over every leg
     # optim.clip_norm > 0: the updates since the last logged step, and how many of them clipping
-    # shortened (a device tensor: no host sync per step); logged as train/clip_rate
+    # shortened; logged as train/clip_rate
     clip_steps: int = 0
-    clipped: torch.Tensor | float = 0.0
+    clipped: float = 0.0
+    # this update's global gradient norm before clipping, on the host: measured once per update
+    # (Seq2SeqModule.configure_gradient_clipping) and read by every user of it (the clip rate, clipping,
+    # the spike rule, the divergence guard, the text line); None before the update's optimizer step
+    grad_norm: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +118,8 @@ class Seq2SeqModule(L.LightningModule):
         # stays greedy; the final greedy test pass decodes with `decode` (final_test.py).
         self.test_decode = make_decoder(**eval.test_decoding)
         self.stats = TrainStats()
+        # optim.skip_spikes: the window of gradient norms and the updates skipped (spikes.py); checkpointed
+        self.spikes = SpikeGate(optim.skip_spikes, optim.spike_window) if optim.skip_spikes is not None else None
         self._t_batch = 0.0
         self._update_tokens = 0  # target tokens of this rank's micro-batches in the current update
         # False while the stall guard holds a stall (callbacks/stall.py): validation then scores the
@@ -145,15 +159,18 @@ class Seq2SeqModule(L.LightningModule):
             if z:
                 self.log("train/z_loss", z * log_z2 / n, prog_bar=False, batch_size=n)
             self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
+        # what the divergence and stall guards watch (`token_loss`, callbacks/stall.update_loss): the
+        # label-smoothed loss without the z part, which would otherwise move their thresholds and L*
+        watched = loss.detach() - z * log_z2 if z else loss.detach()
         if self._accumulation() > 1:  # summed loss; on_before_optimizer_step divides by the update's tokens
             self._update_tokens += ntok
-            return {"loss": loss, "token_loss": loss.detach() / n}
+            return {"loss": loss, "token_loss": watched / n}
         norm = float(n)
         if _dist():  # normalise by the global token count; DDP then averages over ranks
             t = torch.tensor(float(ntok), device=loss.device)
             dist.all_reduce(t)
             norm = t.clamp(min=1.0) / dist.get_world_size()
-        return loss / norm
+        return {"loss": loss / norm, "token_loss": watched / n} if z else loss / norm
 
     def _attached_trainer(self):
         """The Trainer this module is attached to, or None (Lightning's public `trainer` raises then)."""
@@ -188,19 +205,36 @@ class Seq2SeqModule(L.LightningModule):
                 p.grad.mul_(scale)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's clipping unchanged (trainer.gradient_clip_val = optim.clip_norm: torch's
-        clip_grad_norm_ through the precision plugin), and the clip rate beside it: whether this update's
-        global gradient norm exceeded the limit, counted on the device (issue 38)."""
-        if gradient_clip_val:
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            if grads:
-                over = (torch.nn.utils.get_total_norm(grads) > gradient_clip_val).float()
-                self.stats.clipped = self.stats.clipped + over
-                self.stats.clip_steps += 1
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """The update's gradient, once, before optimizer.step (issue 38). Lightning calls this last: after
+        every callback's and this module's on_before_optimizer_step (the accumulation's normalisation) and
+        after fp16's unscaling, so the norm measured here is the update's own. It is read back once
+        (TrainStats.grad_norm, the one host sync per update: skipping decides before the step) and every
+        reader uses it: a non-finite gradient is dropped (the weights and the optimizer's moments stay as
+        they were; the divergence guard ends the run), a spike is skipped (optim.skip_spikes), the clip
+        rate is counted, and clipping scales by it (torch's clip_grad_norm_ without measuring again)."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        norm = torch.nn.utils.get_total_norm(grads)
+        value = self.stats.grad_norm = float(norm)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if not math.isfinite(value) and scaler is None:  # fp16's scaler skips an overflow itself
+            return _drop(params)
+        if self.spikes is not None and math.isfinite(value) and self.spikes.skip(value, self.global_step):
+            return _drop(params)
+        if gradient_clip_val and math.isfinite(value):  # the share of updates clipping shortens
+            self.stats.clipped += float(value > gradient_clip_val)
+            self.stats.clip_steps += 1
+        fused_scaling = scaler is not None and unscales_in_step(optimizer)
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and not fused_scaling:
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+        else:  # by value, none, or Lightning's refusal of a fused optimizer's scaled gradients
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t_batch = time.perf_counter()
+        self.stats.grad_norm = None  # until this update's is measured (configure_gradient_clipping)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         seconds = time.perf_counter() - self._t_batch
@@ -213,6 +247,8 @@ class Seq2SeqModule(L.LightningModule):
             if self.stats.clip_steps:  # the share of the updates since the last log that clipping shortened
                 self.log("train/clip_rate", self.stats.clipped / self.stats.clip_steps, prog_bar=False)
                 self.stats.clipped, self.stats.clip_steps = 0.0, 0
+            if self.spikes is not None:  # the updates skipped so far (optim.skip_spikes)
+                self.log("train/skipped", float(self.spikes.skipped), prog_bar=False)
 
     def throughput_counters(self) -> dict[str, float]:
         """The target tokens and seconds trained so far (full checkpoints carry them across legs)."""
@@ -245,7 +281,8 @@ class Seq2SeqModule(L.LightningModule):
         if not all(p.device.type == "cuda" for p in self.parameters()):
             return {}
         precision = str(getattr(self._attached_trainer(), "precision", ""))
-        return adam_on_gpu(precision, float(self.optim_spec.clip_norm) > 0)
+        # the spike rule reads the gradient's norm before the step too: unscaled, as clipping does
+        return adam_on_gpu(precision, float(self.optim_spec.clip_norm) > 0 or self.spikes is not None)
 
     # ---- validation / test ----------------------------------------------------------------------
     # Validation during training runs in Lightning's loop (validation_step, on_validation_epoch_*);
@@ -367,8 +404,12 @@ class Seq2SeqModule(L.LightningModule):
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["model_config"] = self.model_cfg.to_dict()
+        if self.spikes is not None:  # the window survives a kill: a continued run skips as a straight one
+            checkpoint["spike_gate"] = self.spikes.state_dict()
         if self.tokenizer_proto is not None:
             checkpoint["tokenizer_proto"] = self.tokenizer_proto
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokenizer_proto = checkpoint.get("tokenizer_proto", self.tokenizer_proto)
+        if self.spikes is not None and "spike_gate" in checkpoint:
+            self.spikes.load_state_dict(checkpoint["spike_gate"])

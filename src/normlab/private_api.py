@@ -27,6 +27,12 @@ def validation_due(trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
 
+def unscales_in_step(optimizer) -> bool:
+    """torch: the optimizer unscales fp16 gradients inside its own step (fused Adam), so before it they
+    are still scaled; GradScaler and Lightning's MixedPrecision read the same flag."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
 def logs_this_step(module) -> bool:
     """Lightning: the logger connector writes this step's metrics (values are read back only then).
     False outside Trainer.fit."""

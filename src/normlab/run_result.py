@@ -22,7 +22,8 @@ from normlab.outcome import REASON_KEYS, Status
 # and the scores: everything else, the final passes' keys being many and growing)
 PROVENANCE_KEYS = ("run_dir", "name", "group", "seed", "identity_hash", "choices", "labels", "device", "cpu",
                    "code", "code_legs")
-COUNTER_KEYS = ("steps", "planned_steps", "params", "train_tokens_per_s", "wall_s", "cpu_s", "compile_s")
+COUNTER_KEYS = ("steps", "planned_steps", "params", "train_tokens_per_s", "wall_s", "cpu_s", "compile_s",
+                "skipped_updates", "skipped_steps")
 
 
 @dataclass(frozen=True, eq=False)

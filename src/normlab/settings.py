@@ -50,8 +50,10 @@ class OptimSpec:
     label_smoothing_convention: str = "uniform"  # losses.CONVENTIONS
     tokens_per_update: int | None = None  # target tokens per optimizer step (budget.py); None: none
     z_loss: float = 0.0              # coefficient of z·log²Z added to the training objective (PaLM); 0: none
-    optimizer: str = "adam"          # optimizers.OPTIMIZERS: adam (coupled L2 on every parameter) | adamw
-    no_decay: Any = optimizers.EXEMPTABLE  # adamw's groups without weight decay (optimizers.py); adam ignores it
+    optimizer: str = "adam"          # optimizers.OPTIMIZERS: adam (coupled L2 on every parameter) | adamw | muon
+    no_decay: Any = optimizers.EXEMPTABLE  # adamw's (and muon's AdamW part's) undecayed groups; adam ignores it
+    skip_spikes: float | None = None  # k: skip an update whose gradient norm > k x the window's median (spikes.py)
+    spike_window: int = 100          # N: the window of the last N norms; read with skip_spikes alone
 
     @classmethod
     def of(cls, values: Mapping[str, Any] | None) -> "OptimSpec":
@@ -77,9 +79,15 @@ class OptimSpec:
               f"{', '.join(optimizers.EXEMPTABLE)}", f"a list of {', '.join(optimizers.EXEMPTABLE)} (the matrices "
               "are always decayed)")
         # a value nothing reads would still rename the run (as norm.mix_ratio away from `mix`): refused
-        check(self.optimizer == "adamw" or sorted(groups) == sorted(optimizers.EXEMPTABLE), "optim.no_decay",
-              f"{list(groups)!r} with optim.optimizer={self.optimizer}: only adamw reads it",
-              "optim=adamw, or leave optim.no_decay at its default")
+        check(self.optimizer in ("adamw", "muon") or sorted(groups) == sorted(optimizers.EXEMPTABLE), "optim.no_decay",
+              f"{list(groups)!r} with optim.optimizer={self.optimizer}: only adamw and muon (its AdamW part) read it",
+              "optim=adamw or optim=muon, or leave optim.no_decay at its default")
+        check_number("optim.skip_spikes", self.skip_spikes, "a number > 1 (k x the median norm), or null: never skip",
+                     lambda v: v > 1, null=True)
+        check_number("optim.spike_window", self.spike_window, "an integer >= 1", lambda v: v >= 1, integer=True)
+        check(self.skip_spikes is not None or self.spike_window == OptimSpec.spike_window, "optim.spike_window",
+              f"{self.spike_window} with optim.skip_spikes=null: only the spike rule reads it",
+              "optim.skip_spikes=K, or leave optim.spike_window at its default")
         b = self.betas
         betas = list(b) if hasattr(b, "__len__") and not isinstance(b, str) else [b]
         check(len(betas) == 2 and all(is_num(x) and 0 <= x < 1 for x in betas), "optim.betas",

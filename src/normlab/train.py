@@ -425,6 +425,8 @@ def _counters(leg: _Leg) -> dict[str, Any]:
                 "cpu_s": _rounded(full.cpu_s() if full is not None else cpu_seconds() - leg.cpu0)}
     if module.compile_seconds is not None:  # model.compile=true: first step, compilation included
         counters["compile_s"] = round(module.compile_seconds, 1)
+    if module.spikes is not None:  # optim.skip_spikes: how many updates were skipped, and at which steps
+        counters.update(module.spikes.record())
     return counters
 
 

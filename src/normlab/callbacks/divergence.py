@@ -3,8 +3,9 @@ runs as "failed"/"diverged": a depth ablation must be able to print that in a ce
 
 Rules (either stops the run):
 - non-finite: the training loss or the gradient is NaN/inf. The optimizer step of that batch is
-  skipped (every gradient is set to None before `optimizer.step`, so Adam leaves the weights and
-  its moments untouched), so the weights stay finite.
+  skipped (the module drops every gradient before `optimizer.step`, so Adam leaves the weights and
+  its moments untouched: lit_module.configure_gradient_clipping), so the weights stay finite. The
+  gradient's norm is the module's, measured once per update (lit_module.TrainStats.grad_norm).
   With fp16 (`precision=16-mixed`) a loss scaler is at work: an inf/NaN gradient there is an
   overflow of the scaled loss, which the scaler answers by skipping the step and lowering its
   scale, as designed (counted as `train/overflow_steps`, not divergence). Only a non-finite loss
@@ -12,7 +13,9 @@ Rules (either stops the run):
 - explosion: after `after_step` optimizer steps, the loss stays above `factor` × (lowest loss
   seen so far) for `patience` consecutive steps. `factor: null` disables the rule.
 The loss of a step is its per-token training loss, the mean over the step's accumulated
-micro-batches: every rule counts optimizer steps, with or without gradient accumulation.
+micro-batches: every rule counts optimizer steps, with or without gradient accumulation. With
+optim.z_loss it is the label-smoothed loss without the z part (lit_module.training_step's
+`token_loss`): the rules watch the same quantity with or without it.
 
 On divergence the callback ends the run's outcome (normlab/outcome.py) as `diverged` with
 {diverged_step, last_finite_loss, divergence_reason}; train.run copies both into results.json,
@@ -68,18 +71,6 @@ class DivergenceGuard(L.Callback):
         self._step = trainer.global_step
         self.bad_grad = False
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):  # any inf / NaN element
-            if self._scaler(trainer) is not None:  # an fp16 overflow: the scaler skips this step
-                self.overflow_steps += 1
-                return
-            # DDP has already all-reduced the gradients: every rank takes the same decision here.
-            self.bad_grad = True
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         update = update_loss(self._pending, outputs, trainer.global_step != self._step)
         if update is None and isinstance(outputs, (dict, torch.Tensor)):
@@ -87,6 +78,13 @@ class DivergenceGuard(L.Callback):
         loss = _loss_value(update)
         reason = None
         scaler = self._scaler(trainer)
+        norm = pl_module.stats.grad_norm  # the update's, before its step (None: no step measured)
+        if norm is not None and not math.isfinite(norm):  # any inf / NaN element
+            # DDP has all-reduced the gradients: every rank sees the same norm
+            if scaler is not None:  # an fp16 overflow: the scaler skipped this step
+                self.overflow_steps += 1
+            else:
+                self.bad_grad = True
         if scaler is not None:
             pl_module.log("train/overflow_steps", float(self.overflow_steps), on_step=True, on_epoch=False, batch_size=1)
         if loss is None or not math.isfinite(loss):

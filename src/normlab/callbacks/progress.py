@@ -128,11 +128,10 @@ class TrainLog(Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it after)
-        if (trainer.global_step + 1) % self._every(trainer) == 0:  # the step that gets a line
-            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            self._gnorm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.stats.grad_norm is not None:  # the update's, measured once by the module
+            self._gnorm = pl_module.stats.grad_norm
         stats = pl_module.stats.step_sums  # (loss sum, nll sum, target tokens)
         if stats is not None:
             loss, nll, ntok = stats
