@@ -19,7 +19,7 @@ def _tiny(corpus, tmp_path) -> list[str]:
 
 
 def test_a_study_given_to_a_run_is_refused(small_corpus, tmp_path):
-    line = refused(["+study=drophead", *_tiny(small_corpus, tmp_path)], tmp_path)
+    line = refused(["+study=drophead", *_tiny(small_corpus, tmp_path)], tmp_path, here=True)
     assert line == ("error: study=drophead: a study is run with normlab-study, not as a key of one run "
                     "(normlab-study drophead; normlab-study --list names them)")
     assert list(tmp_path.iterdir()) == []
@@ -74,7 +74,7 @@ def test_the_v_shaped_drophead_schedule_without_a_last_step_is_one_line(small_co
     """regularizer=drophead (its V-shaped schedule) with trainer.max_steps=-1: refused before the corpus
     is read, naming both keys (was: the corpus read, then a ValueError traceback at the first batch)."""
     args = [a for a in _tiny(small_corpus, tmp_path) if not a.startswith("trainer.max_steps")]
-    line = refused(["regularizer=drophead", "trainer.max_steps=-1", "trainer.max_epochs=1", *args], tmp_path)
+    line = refused(["regularizer=drophead", "trainer.max_steps=-1", "trainer.max_epochs=1", *args], tmp_path, here=True)
     assert line.startswith("error: callbacks.drophead_schedule.schedule=v_shape: its rate rises to "
                            "regularizer.drophead at the last step, and trainer.max_steps=-1 sets none"), line
     assert list(tmp_path.iterdir()) == []

@@ -40,13 +40,13 @@ def _args(corpus, tmp_path, *extra) -> list[str]:
                                        "(first difference: model.encoder.layers.0.ffn."),
 ])
 def test_weights_that_do_not_fit_are_one_line(key, override, says, start, small_corpus, tmp_path):
-    line = refused(_args(small_corpus, tmp_path, f"{key}={start}", override, "trainer.max_steps=4"), tmp_path)
+    line = refused(_args(small_corpus, tmp_path, f"{key}={start}", override, "trainer.max_steps=4"), tmp_path, here=True)
     assert line.startswith(f"error: {key}={start}: {says}"), line
     assert not (tmp_path / "new").exists() and not (tmp_path / "cache").exists()  # refused before the corpus
 
 
 def test_resume_past_max_steps_is_one_line(start, small_corpus, tmp_path):
-    line = refused(_args(small_corpus, tmp_path, f"resume={start}", "trainer.max_steps=2"), tmp_path)
+    line = refused(_args(small_corpus, tmp_path, f"resume={start}", "trainer.max_steps=2"), tmp_path)  # as a user runs it
     assert line == (f"error: resume={start}: the checkpoint is at step 2: trainer.max_steps=2 leaves nothing to "
                     "train (set it above 2, or use finetune= to start the step count afresh)")
     assert not (tmp_path / "new").exists()
@@ -79,7 +79,7 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_that_says_so(key, make, wha
     """Random bytes are not "a Python object"; a plain pickle prints no warning of torch's first."""
     path = tmp_path / "start.ckpt"
     make(path)
-    line = refused(_args(small_corpus, tmp_path, f"{key}={path}", "trainer.max_steps=4"), tmp_path)
+    line = refused(_args(small_corpus, tmp_path, f"{key}={path}", "trainer.max_steps=4"), tmp_path, here=True)
     assert line.startswith(f"error: {path}: {what}"), line
     assert "Python object" not in line and "weights_only" not in line
     assert not (tmp_path / "new").exists()
@@ -97,7 +97,7 @@ def test_a_checkpoint_without_its_tokenizer_is_refused_before_the_corpus_is_read
     del ckpt["tokenizer_proto"]
     path = tmp_path / "no_tokenizer.ckpt"
     torch.save(ckpt, path)
-    line = refused(_args(small_corpus, tmp_path, f"{key}={path}", "trainer.max_steps=4"), tmp_path)
+    line = refused(_args(small_corpus, tmp_path, f"{key}={path}", "trainer.max_steps=4"), tmp_path, here=True)
     assert line == (f"error: {key}={path}: not a normlab checkpoint (no tokenizer_proto): the token ids its weights "
                     "were trained on cannot be matched to this corpus's; start from a checkpoint a normlab run wrote "
                     "(<run>/checkpoints/*.ckpt)"), line

@@ -109,17 +109,17 @@ class ArrayWriter:
 
     def __init__(self, prefix: Path, dtype: np.dtype):
         self.prefix, self.dtype = prefix, dtype
-        self._f = open(f"{prefix}.tokens", "wb")
+        self.file = open(f"{prefix}.tokens", "wb")
         self._lengths: list[np.ndarray] = []
         self.count = 0
 
     def append(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        self._f.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self.file.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
         self._lengths.append(lengths)
         self.count += int(tokens.size)
 
     def close(self) -> dict[str, dict]:
-        _sync_close(self._f)
+        _sync_close(self.file)
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype="<i8")
         np.cumsum(lengths, out=offsets[1:])

@@ -14,6 +14,7 @@ when a run loads the arrays.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -227,11 +228,14 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
         pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer.proto,))
         encode = _encode_chunk
     splits, arrays, texts = {}, {}, {}
+    opened = contextlib.ExitStack()  # a refused split (check_pairs) closes what it opened: the folder is discarded
     try:
         for split in SPLITS:
             writers = {side: ArrayWriter(tmp / f"{split}.{side}", dtype) for side in SIDES}
             keep_text = split != "train"
             text_files = {side: open(tmp / f"{split}.{side}.txt", "wb") for side in SIDES} if keep_text else {}
+            for f in [*(w.file for w in writers.values()), *text_files.values()]:
+                opened.callback(f.close)  # a no-op for a file already closed
             dropped = lines = 0
             paths = (Path(files[split][0]), Path(files[split][1]))
             for s_tok, s_len, t_tok, t_len, n_empty, text in _ordered(
@@ -253,6 +257,7 @@ def _encode(files, infos, tokenizer: Tokenizer, tmp: Path, workers: int, progres
             splits[split] = {"lines": lines, "pairs": lines - dropped, "dropped": {"empty": dropped},
                              "tokens": {side: specs[side]["tokens"]["count"] for side in SIDES}}
     finally:
+        opened.close()
         bar.close()
         if pool is not None:
             pool.terminate()
