@@ -42,6 +42,7 @@ def eval_batches(run_dir, cfg) -> dict[str, int]:
     return {split: dm.dataloader(split).batch_sampler.num_batches for split in ("valid", "test")}
 
 
+@pytest.mark.slow  # make test: the final-scores test below runs the same DDP run to its test BLEU and checks it
 def test_two_process_ddp_run_completes(small_corpus, tmp_path):
     assert isinstance(ddp_run(small_corpus, tmp_path)["test_bleu"], float)
 

@@ -76,15 +76,19 @@ def test_a_run_another_study_recorded_counts_as_recorded(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_command_prints_the_status_and_writes_nothing(tmp_path):
+def test_the_command_prints_the_status_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from normlab.commands.study import main
+
     study, jobs, path, runs, out = _setup(tmp_path)
     files = lambda: sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))  # noqa: E731
     before = files()
-    r = subprocess.run([sys.executable, "-m", "normlab.commands.study", str(path), "study.budget=smoke", "--status",
-                        "--out", str(out), "--runs", str(runs)], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0].startswith("st (smoke): 4 runs planned: 1 recorded, 1 stopped part-way")
-    assert "left: about 2.50 machine-hours" in r.stdout  # a s2's folder not held: not started, as b s2
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    # the command's main in this process (its console script is tested in test_study.py): no imports to wait for
+    assert main([str(path), "study.budget=smoke", "--status", "--out", str(out), "--runs", str(runs)]) == 0
+    stdout = capsys.readouterr().out
+    assert stdout.splitlines()[0].startswith("st (smoke): 4 runs planned: 1 recorded, 1 stopped part-way")
+    assert "left: about 2.50 machine-hours" in stdout  # a s2's folder not held: not started, as b s2
     assert files() == before  # no README, no study.log, no record, nothing rewritten
 
 

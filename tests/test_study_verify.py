@@ -125,6 +125,7 @@ def test_bad_arguments_are_one_line_errors(smoke, tmp_path, capsys):
                                         "runs (allowed: ") and "deep_bleu" in err and "output_change," not in err, err
 
 
+@pytest.mark.slow  # make test: test_steps_to_compare checks the rule; this runs it end to end (make test-slow)
 def test_steps_before_the_first_logged_loss_rerun_to_it(smoke, tmp_path, capsys):
     base, record = smoke
     sparse = tmp_path / "pre-s1"
@@ -155,6 +156,7 @@ def _exported_head(monkeypatch, strip_stop_at=False):
     return head
 
 
+@pytest.mark.slow  # make test: test_which_code_the_rerun_runs checks the code and pause chosen; this runs them
 @pytest.mark.skipif(code_version()["dirty"] is not False, reason="HEAD is not the code that trained the record")
 def test_a_record_of_another_commit_reruns_at_its_code_paused_by_sigterm_before_stop_at_step(smoke, capsys,
                                                                                             monkeypatch):
