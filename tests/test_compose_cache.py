@@ -95,7 +95,7 @@ def test_group_choices_compose_once_and_each_caller_gets_a_copy(monkeypatch):
 def test_a_studys_runs_compose_as_in_hydra():
     """The configs a shipped study plans (its arms' groups and values, its labels, the smoke budget's
     overrides) are Hydra's own, so the plans the study tests check are those of the study command."""
-    from normlab.study.runner import study_labels
+    from normlab.study.plan import study_labels
     from normlab.study.spec import load_study
 
     study = load_study("deep_recent", "smoke")

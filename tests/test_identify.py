@@ -119,7 +119,7 @@ def resolved(monkeypatch, tmp_path):
 def planned(overrides: list[str], runs: Path):
     """The study's plan of a run with these overrides (an arm of twt_lowres: its labels are no part of the
     identity, so the run is the command line's)."""
-    from normlab.study.runner import make_job
+    from normlab.study.plan import make_job
     from normlab.study.spec import load_study
 
     study = load_study("twt_lowres")
@@ -164,7 +164,8 @@ def test_a_sweeps_jobs_agree_with_their_plan(resolved, tmp_path):
 def test_a_study_arm_is_run_as_planned(resolved, tmp_path):
     """A study's train command (its labels, its folder as hydra.run.dir), and the same overrides with the
     folder left to Hydra's resolver: one folder, one name, the study's W&B group."""
-    from normlab.study.runner import Sweep, plan
+    from normlab.study.plan import plan
+    from normlab.study.runner import Sweep
     from normlab.study.spec import load_study
 
     study = load_study("twt_lowres_2k")  # twt_lowres screens its arms first: it plans none before its screens choose

@@ -17,7 +17,7 @@ import yaml
 from normlab.errors import UserError
 from normlab.study.index import BEGIN, END, update_index
 from normlab.study.records import load_records
-from normlab.study.runner import plan
+from normlab.study.plan import plan
 from normlab.study.spec import available, load_study
 from study_files import claim, write_study_file
 

@@ -16,7 +16,8 @@ import pytest
 from normlab.commands import study as study_cmd
 from normlab.study.claims import judge, read_refs
 from normlab.study.records import Record, load_records
-from normlab.study.runner import adopt_shared, plan
+from normlab.study.plan import plan
+from normlab.study.runner import adopt_shared
 from normlab.study.spec import load_study
 from normlab.study.stats import corpus_bleu, sentence_stats
 

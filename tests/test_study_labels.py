@@ -9,7 +9,8 @@ import pytest
 
 from normlab import identity
 from normlab.run_identity import identify
-from normlab.study.runner import Sweep, compose, make_job, plan
+from normlab.study.plan import compose, make_job, plan
+from normlab.study.runner import Sweep
 from normlab.study.spec import load_study
 from normlab.train import run
 

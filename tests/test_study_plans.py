@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from normlab.study.runner import plan
+from normlab.study.plan import plan
 from normlab.study.spec import available, load_study
 from study_files import every_setting_composes
 

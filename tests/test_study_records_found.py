@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from normlab.study.runner import plan, record_done
+from normlab.study.plan import plan
+from normlab.study.runner import record_done
 from normlab.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]

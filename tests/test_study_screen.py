@@ -122,7 +122,7 @@ def test_the_readme_shows_each_screen_its_cost_and_the_sensitivity_plot(tmp_path
 def test_a_screened_arm_is_planned_only_at_its_chosen_setting(tmp_path):
     """plan() leaves a screened arm out until its screen has chosen (no seed runs at an untuned regime),
     then runs every seed of it at the chosen overrides; an arm with `screen: false` is planned at once."""
-    from normlab.study.runner import plan
+    from normlab.study.plan import plan
     from normlab.study.spec import load_study
 
     path = write_study_file(tmp_path, [], arms={"a": ["norm=prenorm"], "b1": ["norm=postnorm"]}, extra=SCREEN)

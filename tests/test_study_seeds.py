@@ -9,7 +9,7 @@ from normlab.errors import UserError
 from normlab.study.claims import judge
 from normlab.study.readme import write_study
 from normlab.study.records import load_records
-from normlab.study.runner import plan
+from normlab.study.plan import plan
 from normlab.study.spec import load_study
 
 from study_files import claim, pairs, record, verdicts, write_study_file

@@ -10,7 +10,8 @@ import pytest
 
 from normlab.study.readme import cost
 from normlab.study.records import load_records
-from normlab.study.runner import adopt_shared, plan, record_done
+from normlab.study.plan import plan
+from normlab.study.runner import adopt_shared, record_done
 from normlab.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]

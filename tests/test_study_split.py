@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from normlab.study.fixed import definition_hash
-from normlab.study.runner import plan, record_done
+from normlab.study.plan import plan
+from normlab.study.runner import record_done
 from normlab.study.screen import setting_name
 from normlab.study.screen_run import screen_jobs
 from normlab.study.spec import load_study
@@ -85,7 +86,7 @@ def test_the_plateau_the_claims_read_is_the_one_the_runs_stop_at():
     runs stop by, where they stop at one (callbacks.plateau), and its cap is their trainer.max_steps; a
     V-shaped DropHead run has no plateau stop (its rate reaches p at trainer.max_steps, the end of its
     V, so a run stopped sooner would end part-way up it)."""
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
     from normlab.study.spec import available
 
     checked = 0

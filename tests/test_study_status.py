@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from normlab.run_folder import locked
-from normlab.study.runner import Sweep, plan
+from normlab.study.plan import plan
+from normlab.study.runner import Sweep
 from normlab.study.spec import load_study
 from normlab.study.status import job_state, status_lines
 

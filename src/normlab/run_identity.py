@@ -5,7 +5,7 @@ functions) and finds its folder, an older-named one included.
 
 Its callers: Hydra's folder resolvers (resolvers.py: nl.run_dir / nl.run_name, before the job runs),
 the run's resolution (run_spec.resolve: the job, or train.run called from Python), a failed job's
-record (failure.record_failure) and a study's plan (study/runner.make_job). What identify computes
+record (failure.record_failure) and a study's plan (study/plan.make_job). What identify computes
 from a config is kept for the process: the job finds the identity the resolver named its folder with,
 so the folder, run.json, results.json and W&B carry one name, and the start checkpoint is read once.
 

@@ -109,7 +109,7 @@ def default_jobs(accelerator: str = "cpu") -> int:
 
 
 def _status(study, runs: Path, out: Path, records: Path | None) -> int:
-    from normlab.study.runner import plan
+    from normlab.study.plan import plan
     from normlab.study.screen_status import screened_status_lines
     from normlab.study.status import status_lines
 
@@ -193,7 +193,8 @@ def _prepare(study, args: argparse.Namespace, runs: Path, out: Path) -> tuple[in
     screens run first where it has them, then every arm composed and validated into a job before
     anything trains, the test references kept beside the records, and runs other studies recorded
     adopted rather than trained again. A non-zero code: a screen failed, the study stops there."""
-    from normlab.study.runner import adopt_shared, plan
+    from normlab.study.plan import plan
+    from normlab.study.runner import adopt_shared
     from normlab.study.screen_run import choices, run_screens
 
     if study.kind == "probe":
@@ -237,7 +238,7 @@ def _log_verdicts(study, verdicts: list, jobs: list, runs: Path) -> None:
     """The verdict table beside the runs in W&B, where the runs log to it (study/dashboard.py). The
     README and records are written by then: a W&B failure is one warning line, never a traceback."""
     from normlab.study.dashboard import log_verdicts
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
 
     try:
         note = log_verdicts(study, verdicts, compose([*jobs[0].overrides, *jobs[0].labels]), runs)
@@ -249,7 +250,7 @@ def _log_verdicts(study, verdicts: list, jobs: list, runs: Path) -> None:
 
 def _keep_references(jobs, out: Path) -> None:
     """The test references the runs are scored against (the bootstrap's), beside the records."""
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
 
     dst = out / "test.ref.gz"
     if dst.is_file() or not jobs:

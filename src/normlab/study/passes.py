@@ -76,7 +76,7 @@ def prune_passes(arm: Arm, cfg) -> dict[str, tuple[str, ...]]:
 def unread_passes(study: Study) -> dict[str, list[str]]:
     """{pass: the arms whose runs make it while the study reads none of its metrics}, composed from
     each arm's overrides at its first seed (the seed changes no pass)."""
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
 
     if study.kind != "train":
         return {}

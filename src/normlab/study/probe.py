@@ -34,7 +34,7 @@ def probe_identity(study: Study, arm: Arm, seed: int) -> str:
 def batches(n: int, max_tokens: int, extra: list[str]):
     from hydra.utils import instantiate
 
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
 
     cfg = compose([f"data.max_tokens={max_tokens}", *extra])
     dm = instantiate(cfg.data)

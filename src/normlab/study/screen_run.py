@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.outcome import FINISHED
-from normlab.study.runner import Job, Sweep, compose, make_job, run_results
+from normlab.study.plan import Job, compose, make_job
+from normlab.study.runner import Sweep, run_results
 from normlab.study.screen import (check_rungs, read_choice, rung_value, setting_name, setting_overrides, survivors,
                                    write_choice)
 from normlab.study.spec import Arm, Study

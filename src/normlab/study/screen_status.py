@@ -19,7 +19,7 @@ A screen that has no choice file (<out>/screen/<arm>.json) is replayed as the st
 (screen_run.run_screens): every setting that reached a rung is ranked there by the same rule
 (screen.survivors), the others are shown where they are (at the rung, stalled or diverged, training
 now, stopped part-way with the checkpoint the study continues, failed, damaged, not started). A screen
-whose every rung is ranked has its setting: its seeds are planned (runner.plan) and shown as any run
+whose every rung is ranked has its setting: its seeds are planned (plan.plan) and shown as any run
 of the study (status.job_state), seed 1 being the chosen setting's run, continued.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 
 from normlab.outcome import FINISHED
 from normlab.study.damaged import is_damaged
-from normlab.study.runner import Job, plan, record_done, run_results, shared_index
+from normlab.study.plan import Job, plan
+from normlab.study.runner import record_done, run_results, shared_index
 from normlab.study.screen import Screen, read_choice, rung_value, setting_name, setting_overrides, survivors
 from normlab.study.screen_run import choices, screen_jobs
 from normlab.study.spec import Arm, Study
@@ -156,7 +157,7 @@ def _rate(results: list[dict]) -> tuple[float, int] | None:
 
 def screened_status_lines(study: Study, runs: Path, out: Path, records: Path | None) -> list[str]:
     """The screens, the seeds and the time left of a screened study (status.status_lines for the rest)."""
-    from normlab.study.runner import compose
+    from normlab.study.plan import compose
 
     screen, decided = study.screen, choices(study, out)
     settings = {setting_name(s): s for s in screen.settings()}

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from normlab.outcome import FINISHED
 from normlab.run_folder import full_checkpoints
-from normlab.study.runner import (Job, damaged_job, prune_command, record_done, run_results, run_summary, shared_index,
-                                  shared_source)
+from normlab.study.plan import Job
+from normlab.study.runner import damaged_job, prune_command, record_done, run_results, run_summary, shared_index, shared_source
 from normlab.study.spec import Study
 
 _STEP = re.compile(r"step (\d+)/(\d+)(?:.*?\| eta (\d+:\d\d:\d\d))?")
