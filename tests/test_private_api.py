@@ -176,3 +176,16 @@ def test_numpy_memmap_exposes_its_mmap(tmp_path):
     if hasattr(mmap, "MADV_RANDOM"):
         mm.madvise(mmap.MADV_RANDOM)
     assert api.numpy_mmap(np.zeros(3)) is None and int(arr[4095]) == 4095
+
+
+def test_saved_last_is_what_model_checkpoint_reads_at_train_end(tmp_path):
+    """ModelCheckpoint(save_last=True).on_train_end writes last.ckpt unless this process saved one:
+    saved_last marks it saved (a continued run's BestCheckpoint, callbacks/checkpoints.py)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    calls = []
+    cb = ModelCheckpoint(dirpath=str(tmp_path), save_last=True)
+    cb._save_last_checkpoint = lambda *args: calls.append(args)
+    api.saved_last(cb, str(tmp_path / "last.ckpt"))
+    cb.on_train_end(None, None)
+    assert calls == []
