@@ -19,15 +19,24 @@ LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL
 
 
 @pytest.fixture
-def env(monkeypatch):
-    """A process no launcher started; `env(**values)` sets the launcher's variables."""
+def env():
+    """A process no launcher started; `env(**values)` sets the launcher's variables. Everything join()
+    sets in the process (torch's variables, OMP_NUM_THREADS and torch's threads) is put back after."""
+    import os
+
+    import torch
+
+    keys = (*LAUNCH_VARS, "OMP_NUM_THREADS")
+    saved, threads = {k: os.environ.get(k) for k in keys}, torch.get_num_threads()
     for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
+        os.environ.pop(key, None)
 
     def set_vars(**values):
-        for key, value in values.items():
-            monkeypatch.setenv(key, str(value))
-    return set_vars
+        os.environ.update({key: str(value) for key, value in values.items()})
+    yield set_vars
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    torch.set_num_threads(threads)
 
 
 def submitit_task(env, rank: int, job: str = "4242", tasks: int = 2) -> None:
@@ -94,7 +103,7 @@ def test_a_submitit_task_becomes_one_rank_of_one_job(env):
     assert pg.export_torch_variables()["MASTER_PORT"] != seen[0]["MASTER_PORT"]
 
 
-def test_a_single_task_job_is_left_to_lightning(env, monkeypatch):
+def test_a_single_task_job_is_left_to_lightning(env):
     import os
 
     submitit_task(env, 0, tasks=1)
@@ -135,3 +144,18 @@ def test_torchrun_with_another_process_count_is_one_line_and_no_folder(env, tmp_
                      "device), but torchrun started 2 (allowed: --nproc_per_node x --nnodes = 1, trainer.devices x "
                      "trainer.num_nodes = 2)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_submitit_task_takes_its_share_of_the_cpus(env, monkeypatch):
+    """As Lightning's own launcher divides them among its ranks; OMP_NUM_THREADS, when set, decides."""
+    import os
+
+    import torch
+
+    os.environ.pop("OMP_NUM_THREADS", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert pg.divide_threads(4) == 4 == torch.get_num_threads() and os.environ["OMP_NUM_THREADS"] == "4"
+    env(OMP_NUM_THREADS=3)
+    assert pg.divide_threads(4) == 3
+    os.environ.pop("OMP_NUM_THREADS")
+    assert pg.divide_threads(32) == 1

@@ -10,7 +10,8 @@ overrides run under each engine, in the same folder, with bitwise-equal results 
   every task runs the job, and Lightning has no detection of it (it would start N ranks from each
   task, re-running submitit's worker module). Each task is given torch's env:// variables from
   submitit's (SUBMITIT_LOCAL_*), as submitit.helpers.TorchDistributedEnvironment does, and Lightning's
-  default LightningEnvironment takes the process as one rank started outside it (LOCAL_RANK set).
+  default LightningEnvironment takes the process as one rank started outside it (LOCAL_RANK set);
+  its threads are the machine's CPUs over the tasks, as Lightning's own launcher divides them.
 
 Whichever started them, the launcher's process count must be the run's (trainer.devices x
 trainer.num_nodes: one process per device), and ranks above 0 write nothing of the run's records:
@@ -78,6 +79,7 @@ def join(job_name: str | None) -> None:
         return
     if found.submitit_local and found.processes > 1:
         export_torch_variables()
+        divide_threads(found.processes)
     if found.rank > 0 and job_name:
         own_log_file(job_name, found.rank)
 
@@ -105,6 +107,20 @@ def export_torch_variables() -> dict[str, str]:
     for key, value in values.items():
         env.setdefault(key, value)
     return values
+
+
+def divide_threads(processes: int) -> int:
+    """The threads of each of `processes` ranks on this machine, as Lightning's own launcher divides
+    them (lightning.fabric.utilities.distributed._set_num_threads_if_needed): the CPUs this process
+    may use over the processes, unless OMP_NUM_THREADS is set (torchrun sets 1). Without it each task
+    of a submitit job took every core."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cpus // processes))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    return int(os.environ["OMP_NUM_THREADS"])
 
 
 def own_log_file(job_name: str, rank: int) -> None:
