@@ -68,3 +68,27 @@ def test_the_step_bar_refreshes_every_refresh_rate_steps_and_at_the_last():
             trainer = SimpleNamespace(global_step=step, progress_bar_metrics={}, optimizers=[])
             cb.on_train_batch_end(trainer, SimpleNamespace(stats=SimpleNamespace(tokens_per_s=0.0)), None, None, step)
         assert cb.train_progress_bar.shown == want, rate
+
+
+def test_a_continued_best_checkpoint_is_the_uninterrupted_ones(tmp_path):
+    """What Lightning's ModelCheckpoint does not restore (lightning 2.6), BestCheckpoint does: the last
+    saved score, and that it saved last.ckpt already, so that a continued run does not write a last.ckpt
+    of its last step at the end of training where the uninterrupted run's is of its last top-k save."""
+    from types import SimpleNamespace
+
+    import torch
+
+    before = BestCheckpoint(dirpath=str(tmp_path), save_last=True)
+    before.current_score, before.last_model_path = torch.tensor(3.0), str(tmp_path / "last.ckpt")
+    before.best_model_path = str(tmp_path / "best-step3.ckpt")
+    written = []
+    trainer = SimpleNamespace(callback_metrics={}, current_epoch=0, global_step=6,
+                              lightning_module=SimpleNamespace(decode_valid=True))
+    for saved in (False, True):  # a fresh callback writes last.ckpt at the end; one that saved it does not
+        after = BestCheckpoint(dirpath=str(tmp_path), save_last=True)
+        after._save_last_checkpoint = lambda trainer, candidates, saved=saved: written.append(saved)
+        if saved:
+            after.load_state_dict(before.state_dict())
+            assert torch.equal(after.current_score, torch.tensor(3.0))
+        after.on_train_end(trainer, None)
+    assert written == [False]

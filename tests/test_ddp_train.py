@@ -1,4 +1,5 @@
-"""The real training loop under DDP: 2 CPU processes (gloo), Lightning's ddp strategy, train.py."""
+"""The real training loop under DDP: 2 CPU processes (gloo), Lightning's ddp strategy, train.py. (A plain
+2-process run, under Lightning's launcher, torchrun and submitit: tests/test_engines.py.)"""
 import json
 import subprocess
 import sys
@@ -40,11 +41,6 @@ def eval_batches(run_dir, cfg) -> dict[str, int]:
     dm = TranslationDataModule(**data, tokenizer=Tokenizer.load(run_dir / "tokenizer"))
     dm.setup("test")
     return {split: dm.dataloader(split).batch_sampler.num_batches for split in ("valid", "test")}
-
-
-@pytest.mark.slow  # make test: the final-scores test below runs the same DDP run to its test BLEU and checks it
-def test_two_process_ddp_run_completes(small_corpus, tmp_path):
-    assert isinstance(ddp_run(small_corpus, tmp_path)["test_bleu"], float)
 
 
 def test_two_process_ddp_with_the_attention_options_and_layer_one_dropped(small_corpus, tmp_path):

@@ -187,3 +187,16 @@ def test_a_fused_optimizer_says_it_unscales_in_its_step():
     assert api.unscales_in_step(torch.optim.Adam([v], fused=True)) is True
     assert api.unscales_in_step(torch.optim.Adam([v], foreach=True)) is False
     assert api.unscales_in_step(MuonWithAdamW([{"params": [w]}], [{"params": [v]}], {}, {})) is False
+
+
+def test_saved_last_is_what_model_checkpoint_reads_at_train_end(tmp_path):
+    """ModelCheckpoint(save_last=True).on_train_end writes last.ckpt unless this process saved one:
+    saved_last marks it saved (a continued run's BestCheckpoint, callbacks/checkpoints.py)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    calls = []
+    cb = ModelCheckpoint(dirpath=str(tmp_path), save_last=True)
+    cb._save_last_checkpoint = lambda *args: calls.append(args)
+    api.saved_last(cb, str(tmp_path / "last.ckpt"))
+    cb.on_train_end(None, None)
+    assert calls == []

@@ -13,7 +13,8 @@ How an example is found and run (conventions for whoever adds one):
   composes or validates fails here. A sweep (`-m`) runs its first job only: comma lists become
   their first value and a sweep file's parameters are dropped (tests/test_sweeps.py checks every
   job of every sweep file). An example whose trainer needs a GPU or several devices is composed
-  and validated only.
+  and validated only; so is `torchrun <its flags> train.py ...` (2 processes: tests/test_engines.py
+  runs each engine and compares it with Lightning's own DDP).
 - Placeholders (each example gets its own copy of the runs): `$RUN`, `RUN_DIR`, `RUN_DIR_OR_CKPT`,
   `outputs/<run>` = a tiny trained 3+3-layer pre-norm run (5 step checkpoints and their average, as
   training writes them); `pruned.ckpt` and `$RUN/prune/checkpoints/<x>.ckpt` (when the example's own
@@ -230,6 +231,8 @@ def test_readme_example_runs(example, tiny_runs, tmp_path, monkeypatch, capsys):
         assert shlex.split(left)[0] == "echo", example
         stdin = " ".join(shlex.split(left)[1:]) + "\n"
     tokens = substitute(shlex.split(text, comments=True), tiny_runs)
+    if tokens[0] == "torchrun" and "train.py" in tokens:  # the launcher's flags, then train.py's overrides
+        tokens = ["python", *tokens[tokens.index("train.py"):]]
     if tokens[:2] in (["python", "train.py"], [".venv/bin/python", "train.py"]) or tokens[0] == "normlab-train":
         run_train(tokens[1 if tokens[0] == "normlab-train" else 2:], tiny_runs, tmp_path)
     elif tokens[:2] == ["python", "-m"] and tokens[2].startswith("normlab.commands."):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from normlab.callbacks.stall import input_independent_loss, is_stalled
+from normlab.callbacks.stall import input_independent_loss, is_stalled, own_counts
 from normlab.commands import report
 from normlab.commands.report_runs import find_runs
 from normlab.losses import label_smoothed_nll
@@ -189,3 +189,16 @@ def test_the_optuna_objective_of_a_stalled_run_is_zero_bleu():
     assert objective({"status": "stalled", "valid_bleu": 0.1}) == 0.1  # a record decoded before the rule
     assert objective({"status": "completed", "valid_bleu": 21.5}) == 21.5
     assert objective({"status": "diverged", "valid_bleu": None}) is None  # a failed trial
+
+
+def test_a_continued_ddp_run_takes_back_each_ranks_token_counts():
+    """L* sums the target counts over ranks; a checkpoint keeps every rank's (the callback state is
+    rank 0's), so a continued DDP run sums what the uninterrupted one sums (its input_independent_loss
+    was of rank 0's counts twice: tests/test_engines.py compares the whole results.json)."""
+    c0, c1 = torch.tensor([1, 2, 0]), torch.tensor([0, 5, 7])
+    state = {"counts": c0, "counts_by_rank": [c0, c1]}
+    assert torch.equal(own_counts(state, 0, 2), c0) and torch.equal(own_counts(state, 1, 2), c1)
+    # resumed on another number of ranks (resume= under other trainer.devices): the sum on rank 0
+    assert torch.equal(own_counts(state, 0, 1), c0 + c1)
+    assert torch.equal(own_counts(state, 0, 3), c0 + c1) and own_counts(state, 2, 3) is None
+    assert torch.equal(own_counts({"counts": c0}, 1, 2), c0)  # a checkpoint from before: rank 0's, as then

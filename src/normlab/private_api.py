@@ -103,6 +103,14 @@ def hydra_job_config():
     return HydraConfig.instance().cfg
 
 
+def saved_last(callback, path: str) -> None:
+    """Lightning's ModelCheckpoint: the file this callback saved last in this process, which its
+    state_dict does not carry (lightning 2.6). Its on_train_end writes last.ckpt where there is none
+    (save_last): a continued run that saved nothing yet wrote a last.ckpt at its last step that the
+    uninterrupted run, which saved one at a validation, does not write."""
+    callback._last_checkpoint_saved = path
+
+
 # Lightning's private methods normlab's subclasses override, by class: tests/test_private_api.py
 # checks that each still exists and is still what the public hook calls.
 #   ModelCheckpoint._monitor_candidates(trainer) -> dict: the metrics every save ranks by

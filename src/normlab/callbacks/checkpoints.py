@@ -12,6 +12,8 @@ import os
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from normlab.private_api import saved_last
+
 
 class RunCheckpoint(ModelCheckpoint):
     def __init__(self, **kwargs):
@@ -23,6 +25,17 @@ class RunCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
         super().setup(trainer, pl_module, stage)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        # Lightning restores the rest of its state but not the last saved score, nor which file it
+        # saved last (lightning 2.6): a continued run's checkpoints then held None where the
+        # uninterrupted run's hold the score, and its on_train_end wrote a last.ckpt of the last
+        # step where the uninterrupted run's is of its last top-k save (private_api.saved_last)
+        if self.dirpath == state_dict.get("dirpath", self.dirpath):
+            self.current_score = state_dict.get("current_score", self.current_score)
+            if state_dict.get("last_model_path"):  # save_last's file is the last each top-k save writes
+                saved_last(self, state_dict["last_model_path"])
 
 
 class BestCheckpoint(RunCheckpoint):

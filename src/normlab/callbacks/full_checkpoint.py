@@ -73,7 +73,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _gather(obj: Any, world_size: int) -> list:
+def gather(obj: Any, world_size: int) -> list:
+    """`obj` of every rank, in rank order (one collective: every rank calls it)."""
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         out: list = [None] * world_size
         dist.all_gather_object(out, obj)
@@ -165,7 +166,7 @@ class FullStateCheckpoint(Checkpoint):
     # ---- what --------------------------------------------------------------------------------
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["normlab"] = {
-            "rng": _gather(rng_state(), trainer.world_size),  # one entry per rank
+            "rng": gather(rng_state(), trainer.world_size),  # one entry per rank
             **pl_module.throughput_counters(),  # train_tokens, train_seconds
             "wall_s": self.wall_s(),
             "cpu_s": self.cpu_s(),

@@ -43,6 +43,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from normlab.callbacks.full_checkpoint import gather
 from normlab.config import check_number
 from normlab.outcome import RunOutcome, Status
 from normlab.settings import OptimSpec
@@ -238,8 +239,32 @@ class StallGuard(L.Callback):
                 "counts": None if self.counts is None else self.counts.cpu(), "detected": self.detected,
                 "ended": self.ended}
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # The token counts are this rank's, and a checkpoint holds rank 0's callback state: every
+        # rank's counts go in beside it (one gather; every rank saves), so that a continued DDP run
+        # sums the counts an uninterrupted one sums (L*, results.json's input_independent_loss)
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if state is not None and trainer.world_size > 1:
+            state["counts_by_rank"] = gather(None if self.counts is None else self.counts.cpu(), trainer.world_size)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self._rank = (trainer.global_rank, trainer.world_size)  # Lightning calls load_state_dict next
+
     def load_state_dict(self, state: dict) -> None:
         self.losses.extend(torch.tensor(x) for x in state.get("losses", []))
-        self.counts = state.get("counts")
+        self.counts = own_counts(state, *getattr(self, "_rank", (0, 1)))
         self.detected = state.get("detected")
         self.ended = state.get("ended")
+
+
+def own_counts(state: dict, rank: int, world_size: int) -> torch.Tensor | None:
+    """This rank's token counts from a checkpoint's state: its own where the checkpoint has every
+    rank's for this many ranks; else all of them on rank 0 (the sum over ranks is what L* reads), or,
+    from a checkpoint of before the counts of every rank were kept, rank 0's on every rank (as then)."""
+    by_rank = state.get("counts_by_rank")
+    if by_rank is None:
+        return state.get("counts")
+    if len(by_rank) == world_size:
+        return by_rank[rank]
+    kept = [c for c in by_rank if c is not None]
+    return torch.stack(kept).sum(0) if rank == 0 and kept else None

@@ -62,6 +62,7 @@ HYDRA_RECORD = ".hydra"  # Hydra's default hydra.output_subdir, saved by the job
 def task(cfg: DictConfig) -> float | None:
     """The Hydra job: hold the folder, record the config, resolve (validate) and run; on failure record
     it (sweep) or clean up (single run)."""
+    from normlab import process_group
     from normlab.failure import record_failure
     from normlab.run_folder import RunFolderInUse, locked, rank_zero
     from normlab.run_identity import hydra_runtime
@@ -71,6 +72,9 @@ def task(cfg: DictConfig) -> float | None:
     runtime = hydra_runtime()  # the job's Hydra values, read once here and passed on
     run_dir = Path(runtime.output_dir)
     single = not runtime.multirun
+    # torchrun / SLURM / submitit started this process as one rank of the run: its rank is known from
+    # here on (a submitit task is given torch's variables), and a rank above 0 logs to a file of its own
+    process_group.join(runtime.job_name)
     try:
         # Held before anything is written into the folder: a second copy of a running command is
         # refused with the running run's .hydra/ as it ran (issue 37: it had rewritten it already),
@@ -78,7 +82,8 @@ def task(cfg: DictConfig) -> float | None:
         # folder between the run's end and its record)
         with locked(run_dir, rank_zero()):
             try:
-                if rank_zero():  # DDP ranks launched by Lightning share rank 0's folder and record
+                process_group.check(cfg.trainer)  # the launcher's process count is the run's
+                if rank_zero():  # DDP ranks (Lightning's, torchrun's, SLURM's) share rank 0's folder and record
                     save_hydra_record(run_dir, cfg, runtime.record)
                 spec = resolve(cfg, runtime)  # named as its folder was, validated: before normlab.train is imported
                 from normlab.callbacks.progress import console_setup
@@ -88,7 +93,7 @@ def task(cfg: DictConfig) -> float | None:
                 result = run_resolved(spec)  # a RunResult (run_result.py)
             except Exception as err:
                 if not (single and isinstance(err, train_user_errors())
-                        and discard_if_untouched(run_dir, runtime.job_name)):
+                        and (not rank_zero() or discard_if_untouched(run_dir, runtime.job_name))):
                     record_failure(cfg, err, runtime)  # results.json status failed; a multirun goes on
                 if single:  # main() reports it once the Hydra app returns (Hydra would add lines of its own)
                     _failed.append(err)

@@ -1,0 +1,161 @@
+"""normlab.process_group: which launcher started this process as a rank of a run (torchrun, a task of
+submitit's local executor, SLURM), its process count checked against trainer.devices x num_nodes in
+one line, a submitit task given torch's variables, a rank above 0's log file its own. The engines
+themselves, end to end: tests/test_engines.py."""
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from normlab import process_group as pg
+from normlab.commands.train import main as train_main
+from normlab.config import ConfigError
+from normlab.run_folder import rank_zero
+
+LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+               "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_GLOBALID",
+               "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_NODEID", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_NAME",
+               "SLURM_JOB_ID")
+
+
+@pytest.fixture
+def env():
+    """A process no launcher started; `env(**values)` sets the launcher's variables. Everything join()
+    sets in the process (torch's variables, OMP_NUM_THREADS and torch's threads) is put back after."""
+    import os
+
+    import torch
+
+    keys = (*LAUNCH_VARS, "OMP_NUM_THREADS")
+    saved, threads = {k: os.environ.get(k) for k in keys}, torch.get_num_threads()
+    for key in LAUNCH_VARS:
+        os.environ.pop(key, None)
+
+    def set_vars(**values):
+        os.environ.update({key: str(value) for key, value in values.items()})
+    yield set_vars
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    torch.set_num_threads(threads)
+
+
+def submitit_task(env, rank: int, job: str = "4242", tasks: int = 2) -> None:
+    env(SUBMITIT_LOCAL_JOB_ID=job, SUBMITIT_LOCAL_NTASKS=tasks, SUBMITIT_LOCAL_GLOBALID=rank,
+        SUBMITIT_LOCAL_LOCALID=rank, SUBMITIT_LOCAL_NODEID=0)
+
+
+def test_each_launcher_is_found_with_its_process_count_and_rank(env):
+    assert pg.launched() is None
+    env(LOCAL_RANK=1)  # a rank Lightning's own launcher started: Lightning knows its processes
+    assert pg.launched() is None
+    env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=4, RANK=3)
+    assert (pg.launched().by, pg.launched().processes, pg.launched().rank) == ("torchrun", 4, 3)
+
+
+def test_a_submitit_task(env):
+    submitit_task(env, rank=1, tasks=3)
+    found = pg.launched()
+    assert (found.by, found.processes, found.rank, found.submitit_local) == ("submitit", 3, 1, True)
+
+
+def test_slurm_tasks_but_not_an_interactive_allocation(env):
+    env(SLURM_NTASKS=8, SLURM_PROCID=5, SLURM_JOB_NAME="bash")  # srun --pty bash: Lightning ignores SLURM
+    assert pg.launched() is None
+    env(SLURM_JOB_NAME="train")
+    found = pg.launched()
+    assert (found.by, found.processes, found.rank) == ("SLURM", 8, 5)
+
+
+@pytest.mark.parametrize("trainer, processes", [({"devices": 2, "num_nodes": 1}, 2), ({"devices": 4, "num_nodes": 2}, 8),
+                                                ({"devices": "3"}, 3), ({"devices": [0, 1]}, 2),
+                                                ({"devices": "auto"}, None), ({"devices": -1}, None)])
+def test_the_run_asks_for_one_process_a_device(trainer, processes):
+    assert pg.run_processes(OmegaConf.create(trainer)) == processes
+
+
+def test_another_process_count_than_the_run_is_one_line(env):
+    env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=0)
+    pg.check(OmegaConf.create({"devices": 2, "num_nodes": 1}))  # agrees: nothing to say
+    pg.check(OmegaConf.create({"devices": "auto"}))  # Lightning decides
+    with pytest.raises(ConfigError) as e:
+        pg.check(OmegaConf.create({"devices": 1, "num_nodes": 1}))
+    assert str(e.value) == ("trainer.devices: the run is 1 process(es) (trainer.devices x trainer.num_nodes, one a "
+                            "device), but torchrun started 2 (allowed: --nproc_per_node x --nnodes = 1, "
+                            "trainer.devices x trainer.num_nodes = 2)")
+
+
+def test_a_submitit_task_becomes_one_rank_of_one_job(env):
+    """Both tasks of a job get one address and port, their own rank: torch's env:// rendezvous, and
+    Lightning takes each as one rank started outside it; run_folder.rank_zero reads it."""
+    import os
+
+    seen = []
+    for rank in (0, 1):
+        submitit_task(env, rank)
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+        pg.join(None)
+        seen.append({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
+        assert rank_zero() is (rank == 0)
+    assert [s["RANK"] for s in seen] == [s["LOCAL_RANK"] for s in seen] == ["0", "1"]
+    assert {s["WORLD_SIZE"] for s in seen} == {"2"} and len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
+    submitit_task(env, 0, job="4243")  # another job: another port (drawn from the job id)
+    assert pg.export_torch_variables()["MASTER_PORT"] != seen[0]["MASTER_PORT"]
+
+
+def test_a_single_task_job_is_left_to_lightning(env):
+    import os
+
+    submitit_task(env, 0, tasks=1)
+    pg.join(None)
+    assert "RANK" not in os.environ and "LOCAL_RANK" not in os.environ
+
+
+@pytest.mark.parametrize("rank, written", [(0, "train.log"), (1, "train_ddp_process_1.log")])
+def test_a_rank_above_0_logs_to_a_file_of_its_own(env, tmp_path, rank, written):
+    """Hydra's job log (<job>.log, opened at its first line); rank 1's lines go where Lightning's own
+    launcher puts its rank 1's, not into rank 0's file."""
+    handler = logging.FileHandler(tmp_path / "train.log", delay=True)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=rank)
+        pg.join("train")
+        logging.getLogger("normlab").warning("a line of rank %d", rank)
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+    assert [p.name for p in tmp_path.iterdir()] == [written]
+    assert f"a line of rank {rank}" in (tmp_path / written).read_text()
+
+
+@pytest.mark.integration
+def test_torchrun_with_another_process_count_is_one_line_and_no_folder(env, tmp_path, monkeypatch, capsys):
+    """The job of rank 0 of `torchrun --nproc_per_node=2 train.py trainer.devices=1` (the rest of the
+    output, torchrun's own report of the failed ranks, is torchrun's)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("NORMLAB_TRACEBACK", raising=False)
+    env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=0, LOCAL_RANK=0)
+    assert train_main(["trainer=ddp", "trainer.devices=1", "logger=csv"]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert lines == ["error: trainer.devices: the run is 1 process(es) (trainer.devices x trainer.num_nodes, one a "
+                     "device), but torchrun started 2 (allowed: --nproc_per_node x --nnodes = 1, trainer.devices x "
+                     "trainer.num_nodes = 2)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_submitit_task_takes_its_share_of_the_cpus(env, monkeypatch):
+    """As Lightning's own launcher divides them among its ranks; OMP_NUM_THREADS, when set, decides."""
+    import os
+
+    import torch
+
+    os.environ.pop("OMP_NUM_THREADS", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert pg.divide_threads(4) == 4 == torch.get_num_threads() and os.environ["OMP_NUM_THREADS"] == "4"
+    env(OMP_NUM_THREADS=3)
+    assert pg.divide_threads(4) == 3
+    os.environ.pop("OMP_NUM_THREADS")
+    assert pg.divide_threads(32) == 1
