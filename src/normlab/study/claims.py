@@ -43,6 +43,9 @@ Outcomes (how the runs ended):
   fails" (`where_fails: F`) in a screened study is judged on the screens too: a held verdict stays
   held only when A trained at every setting where F diverged or stalled (contradicted at none,
   inconclusive at some); when F trained at every setting the note says the part is untested.
+LR sensitivity (lr_sensitivity: A less sensitive to the learning rate than B), from the two arms'
+screens, one seed each: `held` when A's is lower by at least the claim's margin, `contradicted` when
+higher by at least it, else `inconclusive` (study/lr_sensitivity.py has the definition and the rule).
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
 metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
 comparison.
@@ -81,6 +84,7 @@ class Verdict:
     improving: dict = field(default_factory=dict)  # arm -> seeds still improving at the end
     needs: int | None = None          # inconclusive: the paired seeds that would decide it
     bar: dict | None = None           # trains with a reference: the bar's two criteria
+    sensitivity: dict | None = None   # lr_sensitivity: arm -> its screen's (study/lr_sensitivity.py)
 
     def as_dict(self) -> dict:
         iv, ck = self.interval, self.check
@@ -93,7 +97,8 @@ class Verdict:
                 "variance": {arm: asdict(v) for arm, v in self.variance.items()},
                 "test_set_check": None if ck is None else {"mean": ck.diff, "low": ck.low, "high": ck.high,
                                                            "method": ck.method, "se": ck.se, "decides": False},
-                "budget_bound": self.improving or None, "needs_seeds": self.needs, "trains_bar": self.bar}
+                "budget_bound": self.improving or None, "needs_seeds": self.needs, "trains_bar": self.bar,
+                **({"lr_sensitivity": self.sensitivity, "margin": self.claim.margin} if self.sensitivity else {})}
 
 
 def statuses(records: list[Record]) -> dict[str, int]:
@@ -142,6 +147,8 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
         v = outcome(study, claim, a, note_a, by_arm)
         return on_screens(v, claim, a, screens or {})
     b, note_b = pick(study, claim.than, by_arm)
+    if claim.kind == "lr_sensitivity":
+        return on_sensitivity(claim, a, b, by_arm, screens or {})
     ma, mb = claim.metric, claim.than_metric or claim.metric
     A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(ma) is not None}
     B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and r.metric(mb) is not None}
@@ -267,6 +274,15 @@ def on_screens(v: Verdict, claim: Claim, a: str, screens: dict[str, dict]) -> Ve
             v.verdict = part
         v.note = "; ".join(filter(None, [v.note, line]))
     return v
+
+
+def on_sensitivity(claim: Claim, a: str, b: str, by_arm: dict[str, list[Record]], screens: dict[str, dict]) -> Verdict:
+    """lr_sensitivity: the two arms' screens (study/lr_sensitivity.py), one seed each: no interval."""
+    from normlab.study import lr_sensitivity
+
+    verdict, sens, note = lr_sensitivity.judge(claim, a, b, screens)
+    return Verdict(claim, verdict, a, b, statuses={a: statuses(by_arm.get(a, [])), b: statuses(by_arm.get(b, []))},
+                   means={arm: (s or {}).get("value") for arm, s in sens.items()}, note=note, sensitivity=sens)
 
 
 def trains_bar(study: Study, a: str, by_arm: dict[str, list[Record]]) -> tuple[str, dict | None]:

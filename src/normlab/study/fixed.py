@@ -36,8 +36,10 @@ RULES_TEXT = {
 def definition(claim) -> dict:
     """What decides a claim's verdict (margin only where the kind reads it)."""
     d = {k: getattr(claim, k) for k in DEFINITION}
-    if d["kind"] not in ("similar", "no_worse"):
+    if d["kind"] not in ("similar", "no_worse", "lr_sensitivity"):
         d.pop("margin")
+    if getattr(claim, "cap", None) is not None:  # lr_sensitivity's ℓ0 (no claim fixed before it has one)
+        d["cap"] = claim.cap
     if getattr(claim, "where_fails", None):  # only where set: the claims fixed before it existed keep their hash
         d["where_fails"] = claim.where_fails
     return d
@@ -136,7 +138,7 @@ def same_kind_across_studies(studies) -> list[str]:
     bad = []
     for study in studies:
         for c in study.claims:
-            key = (c.kind, c.margin if c.kind in ("similar", "no_worse") else None)
+            key = (c.kind, c.margin if c.kind in ("similar", "no_worse", "lr_sensitivity") else None)
             if c.id in seen and seen[c.id][1] != key:
                 bad.append(f"{c.id}: {seen[c.id][0]} judges it as {seen[c.id][1][0]}, {study.name} as {key[0]}")
             seen.setdefault(c.id, (study.name, key))

@@ -35,7 +35,7 @@ from normlab.study.screen import Screen, load_screen
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
 INTERVALS = ("bootstrap", "t")
-KINDS = ("compare", "similar", "no_worse", "fails", "trains")
+KINDS = ("compare", "similar", "no_worse", "fails", "trains", "lr_sensitivity")
 # Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
 # test of the machinery in seconds, never a result.
 SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
@@ -89,6 +89,7 @@ class Claim:
     carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
     changed: str | None = None  # why the definition differs from the one its first records fixed (study/fixed.py)
     where_fails: str | None = None  # trains claims: "trains where this arm fails", judged on the screens
+    cap: float | None = None  # lr_sensitivity: ℓ0, the loss a setting counts at most (ln V; study/lr_sensitivity.py)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ def load_study(name: str, budget: str = "full") -> Study:
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=_screen(raw, budgets.get(budget) or {}, where, seeds, kind),
+                 prune_overrides=prune_extra, screen=_sensitivity_screen(
+                     _screen(raw, budgets.get(budget) or {}, where, seeds, kind), claims, arms, where),
                  **_judging(raw, where, arms))
 
 
@@ -255,7 +257,7 @@ def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
     the allowed, and the arms (or best_of groups) it compares in the study."""
     c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
               **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                      "paper_effect", "carried_from", "changed", "where_fails") if k in node})
+                                      "paper_effect", "carried_from", "changed", "where_fails", "cap") if k in node})
     for key in ("id", "claim", "source", "paper", "better"):
         if not getattr(c, key):
             raise UserError(f"{at}.{key}", "missing")
@@ -269,15 +271,33 @@ def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
         raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
     if c.interval not in INTERVALS:
         raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
-    if c.kind in ("similar", "no_worse") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
+    if c.kind in ("similar", "no_worse", "lr_sensitivity") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
                                                  and c.margin > 0):
         raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
-    for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse") else (c.better,):
+    for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse", "lr_sensitivity") else (c.better,):
         if side not in arms and side not in best_of:
             raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
     if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):
         raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
+    if c.kind == "lr_sensitivity" or c.cap is not None:
+        _sensitivity_claim(c, at, arms, "margin" in node)
     return c
+
+
+def _sensitivity_claim(c: Claim, at: str, arms: dict[str, Arm], margin_set: bool) -> None:
+    """An lr_sensitivity claim compares two arms' screens (no best_of group: it has no one screen), with
+    its own margin (no default: it is the verdict's rule) and a positive `cap` (ln V); `cap` is for
+    that kind only."""
+    if c.kind != "lr_sensitivity":
+        raise UserError(f"{at}.cap", "only an lr_sensitivity claim has a cap", ["lr_sensitivity"])
+    if not margin_set:
+        raise UserError(f"{at}.margin", "missing: an lr_sensitivity claim states its margin (nats) before the data")
+    if isinstance(c.cap, bool) or not isinstance(c.cap, (int, float)) or not c.cap > 0:
+        raise UserError(f"{at}.cap", f"{c.cap!r}: an lr_sensitivity claim needs a positive number (ℓ0: ln V, the "
+                        "loss of a uniform prediction)")
+    for side in (c.better, c.than):
+        if side not in arms:
+            raise UserError(f"{at}", f"{side!r}: an lr_sensitivity claim compares two arms' screens", list(arms))
 
 
 def _budget(raw: dict, name: str, budget: str, budgets: dict) -> tuple[list, list[str]]:
@@ -321,6 +341,20 @@ def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | N
     if node and isinstance(node, dict) and isinstance(budget.get("screen"), dict):
         node = {**node, **budget["screen"]}
     return load_screen(node, where, [int(s) for s in seeds])
+
+
+def _sensitivity_screen(screen: Screen | None, claims: list[Claim], arms: dict[str, Arm], where: str):
+    """The screen, checked for the lr_sensitivity claims: it varies optim.lr and screens both arms."""
+    for i, c in enumerate(claims):
+        if c.kind != "lr_sensitivity":
+            continue
+        if screen is None or "optim.lr" not in dict(screen.grid):
+            raise UserError(f"{where}: claims[{i}]", "an lr_sensitivity claim reads the screens: the study needs a "
+                            "screen whose grid has optim.lr")
+        for side in (c.better, c.than):
+            if not arms[side].screen:
+                raise UserError(f"{where}: arms.{side}.screen", f"false, but claim {c.id!r} reads its screen")
+    return screen
 
 
 def _number(node: dict, key: str, where: str, low: float, high: float = float("inf"), integer: bool = False):

@@ -16,7 +16,10 @@ CLAIMS_TEXT = (
     "it, and never decides. `inconclusive (needs N seeds)`: N paired seeds at the same variances would decide "
     "it. `budget-bound`: a run of either arm was still improving when it stopped (no validation plateau), so "
     "the comparison is between points on learning curves. `learns, far behind`: every seed completed, but "
-    "the arm ended outside the study's bar against its reference arm.")
+    "the arm ended outside the study's bar against its reference arm. LR sensitivity (Wortsman et al. 2023): the "
+    "mean over a screen's learning rates of its loss, capped at ℓ0 = ln V, minus the best; one screen per arm on "
+    "one seed has no seed variance, so the verdict is the margin fixed in the claim before the screens ran "
+    "(held: lower by at least it; contradicted: higher by at least it; else inconclusive).")
 
 INDEX_HEADER = ["| study | claim (A vs B, metric) | source | paper | paper's effect | ours: A − B (95% interval) | "
                 "interval (decides) | verdict |", "|---|---|---|---|---|---|---|---|"]
@@ -65,10 +68,24 @@ def outcome_cell(c: dict, empty: str = "no runs") -> str:
     return "; ".join(filter(None, [text, bar_text(c.get("trains_bar"))]))
 
 
+def sensitivity_cell(c: dict) -> str:
+    """`pre_ln 0.412, pre_qk_norm 0.105 nats (A − B −0.307)`: each arm's LR sensitivity and the difference."""
+    sens = c.get("lr_sensitivity") or {}
+    values = {arm: (s or {}).get("value") for arm, s in sens.items()}
+    if not values or any(v is None for v in values.values()):
+        return "; ".join(f"{arm}: {'no screen' if s is None else 'no setting below the cap'}"
+                         for arm, s in sens.items() if s is None or s.get("value") is None) or "no screens"
+    a, b = values[c["better"]], values[c["than"]]
+    return f"{c['better']} {a:.3f}, {c['than']} {b:.3f} nats (A − B {a - b:+.3f})"
+
+
 def ours_cell(c: dict) -> str:
-    """The seed-level interval and its method; an outcome's statuses (and bar); else the statuses."""
+    """The seed-level interval and its method; an outcome's statuses (and bar); LR sensitivities; else
+    the statuses."""
     if c.get("kind") in ("fails", "trains"):
         return outcome_cell(c)
+    if c.get("kind") == "lr_sensitivity":
+        return sensitivity_cell(c)
     d = c.get("difference")
     if not d:
         return status_text(c.get("statuses") or {})
@@ -85,6 +102,10 @@ def method_cell(c: dict) -> str:
     if c.get("kind") in ("fails", "trains"):
         bar = c.get("trains_bar")
         return "how the runs ended" + (f"; bar vs {bar['reference']}" if bar else "")
+    if c.get("kind") == "lr_sensitivity":
+        seeds = sorted({s["seed"] for s in (c.get("lr_sensitivity") or {}).values() if s and s.get("seed") is not None})
+        return (f"one screen each (seed {', '.join(map(str, seeds))}), " if seeds else "one screen each, ") + \
+            f"margin {c.get('margin', '—')} nats: no interval"
     d = c.get("difference")
     if not d:
         return "—"
@@ -104,7 +125,8 @@ def who(c: dict) -> str:
 
 def claim_cell(c: dict) -> str:
     """The claim, its arms and metric, and where the paper showed it when not on translation."""
-    return (f"{c['claim']} ({who(c)}, {c['metric']})"
+    metric = "LR sensitivity" if c.get("kind") == "lr_sensitivity" else c["metric"]
+    return (f"{c['claim']} ({who(c)}, {metric})"
             + (f" [carried from {c['carried_from']} to MT]" if c.get("carried_from") else ""))
 
 
