@@ -21,14 +21,17 @@ class Record:
         return str(self.results.get("status") or "failed")
 
     def metric(self, name: str) -> float | None:
-        """A results.json score, a pruned model's (prune.<strategy>.r<kept>.<column>), or a logged
-        series' value at the end of training (end.<series>, e.g. end.train_nll)."""
+        """A results.json score, a pruned model's (prune.<strategy>.r<kept>.<column>), a logged series'
+        value at the end of training (end.<series>, e.g. end.train_nll), the observatory's mean of a
+        statistic over a stack's blocks (obs.<stack>.<statistic>), or a number inside results.json
+        at a dotted path (observatory.step)."""
         if name.startswith("prune."):
             return self.prune_metric(name)
         if name.startswith("end."):
             return self.end_value(name[4:])
-        v = self.results.get(name)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        if name.startswith("obs."):
+            return observatory_mean(self.results.get("observatory"), name)
+        return _number(self.results[name] if name in self.results else dotted(self.results, name))
 
     def prune_metric(self, name: str) -> float | None:
         _, strategy, kept, column = name.split(".", 3)
@@ -97,6 +100,52 @@ class Record:
         key = column.replace("_", "/", 1)
         rows = read_metrics(self.path / "metrics.csv") or []
         return [(row["step"], row[key]) for row in rows if key in row and "step" in row]
+
+
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def dotted(node, path: str):
+    """The value at a dotted path in nested mappings, a key that itself holds dots (a block's name,
+    `dec.0.self_attn`) matched whole: the longest key that prefixes the rest first; None if none."""
+    if not path:
+        return node
+    if not isinstance(node, dict):
+        return None
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in node:
+            found = dotted(node[key], ".".join(parts[i:]))
+            if found is not None:
+                return found
+    return None
+
+
+# obs.<stack>.<statistic>: results.json `observatory` ({"step": N, "layers": {block: {statistic: v}}},
+# callbacks/observatory.py) as one number per run: the mean over the stack's blocks (enc, dec, or all)
+# that measured the statistic; a per-head statistic (sink_h0, sink_h1, ...: `sink`) is first averaged
+# over the heads. E.g. obs.dec.sink (decoder attention sink rate), obs.all.kurtosis (excess kurtosis of
+# the residual stream). Provisional: the names follow the observatory branch as it stood; its merge
+# aligns them.
+STACKS = ("enc", "dec", "all")
+
+
+def observatory_mean(obs, name: str) -> float | None:
+    _, stack, stat = (name.split(".", 2) + ["", ""])[:3]
+    layers = obs.get("layers") if isinstance(obs, dict) else None
+    if stack not in STACKS or not stat or not isinstance(layers, dict):
+        return None
+    per_block = []
+    for block, stats in layers.items():
+        if stack != "all" and not str(block).startswith(stack + ".") or not isinstance(stats, dict):
+            continue
+        values = [_number(v) for k, v in stats.items() if k == stat or (k.startswith(stat + "_h") and k[len(stat) + 2:].isdigit())]
+        values = [v for v in values if v is not None]
+        if values:
+            per_block.append(sum(values) / len(values))
+    return sum(per_block) / len(per_block) if per_block else None
 
 
 def is_test_bleu(metric: str) -> bool:
