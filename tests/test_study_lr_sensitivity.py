@@ -156,3 +156,15 @@ def test_an_unscreened_arm_cannot_carry_an_lr_sensitivity_claim(tmp_path):
                                              "b1: {overrides: [norm=postnorm, optim.lr=1e-3], screen: false}"))
     with pytest.raises(UserError, match=r"arms\.b1\.screen.*reads its screen"):
         load_study(str(path))
+
+
+def test_the_stability_studys_cap_is_ln_of_its_vocabulary():
+    """conf/study/stability.yaml's ℓ0 is ln V of the vocabulary its runs compose (a change of corpus or
+    vocabulary without its cap would judge on the wrong ceiling)."""
+    from normlab.study.plan import compose
+
+    study = load_study("stability")
+    cfg = compose(study.arm_overrides(study.arms["pre_ln"], 1))
+    caps = {c.cap for c in study.claims if c.kind == "lr_sensitivity"}
+    assert len(caps) == 1 and caps.pop() == pytest.approx(math.log(cfg.data.vocab_size), abs=1e-12)
+    assert study.screen.keep == 1.0 and len(study.screen.rungs) == 1  # every rate read at one step: no bound

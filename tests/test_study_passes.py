@@ -80,7 +80,7 @@ PRUNE_UNREAD = {"final valid decode": ["ld0", "ld0.2", "{learned}", "scratch3"],
                 "prune every_other r3 valid decode": ["ld0", "ld0.2", "{learned}"],
                 "prune search_on_valid r3 valid decode": ["ld0", "ld0.2", "{learned}"],
                 "prune data_driven r3 valid decode": ["{learned}"]}
-SHIPPED = {"deep_bleu": {}, "deep_bleu_2k": {}, "deep_recent": {}, "deep_recent_2k": {}, "drophead": {}, "drophead_4k": {},
+SHIPPED = {"deep_bleu": {}, "stability": {}, "deep_bleu_2k": {}, "deep_recent": {}, "deep_recent_2k": {}, "drophead": {}, "drophead_4k": {},
            "output_change": {}, "stall_calibration": {},
            "twt_lowres": {}, "twt_lowres_2k": {}, "twt_scalenorm": {}, "twt_scalenorm_2k": {},
            "layerdrop_prune": {k: [a.format(learned="ld0.5_learned") for a in v] for k, v in PRUNE_UNREAD.items()},
