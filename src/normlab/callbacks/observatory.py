@@ -56,7 +56,8 @@ def observe(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[s
         if isinstance(block.sublayer, MultiheadAttention):
             handles.append(block.sublayer.register_forward_pre_hook(_attention(mask, stats), with_kwargs=True))
     try:
-        model(src, tgt_in, project=False)
+        model.forward(src, tgt_in, project=False)  # eager: model.compile=true compiles __call__, and hooks
+        # that change at every validation would recompile it each time
     finally:
         for h in handles:
             h.remove()
