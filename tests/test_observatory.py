@@ -37,7 +37,7 @@ def test_kurtosis_of_one_outlier_feature_is_the_formula():
         x = torch.zeros(3, d)
         x[:, 7 % d] = torch.tensor([1.0, 50.0, 1e4])
         exact = ((d - 1) ** 3 + 1) / (d * (d - 1)) - 3
-        assert obs.excess_kurtosis(x) == pytest.approx(exact, rel=1e-9)
+        assert obs.excess_kurtosis(x) == pytest.approx(exact, rel=1e-5)  # fp32 moments
         assert obs.excess_kurtosis(x[:1]) == pytest.approx(scipy_stats.kurtosis(x[0].numpy(), fisher=True, bias=True))
 
 

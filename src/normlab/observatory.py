@@ -46,15 +46,27 @@ def max_abs(x: torch.Tensor, mask: torch.Tensor | None = None) -> float:
 def token_kurtosis(x: torch.Tensor) -> torch.Tensor:
     """Fisher's excess kurtosis of each row of x (N, D) over its D values (population moments), (N,)."""
     c = x - x.mean(-1, keepdim=True)
-    m2, m4 = c.pow(2).mean(-1), c.pow(4).mean(-1)
-    return m4 / m2.pow(2) - 3.0
+    c2 = c * c
+    m2 = c2.mean(-1)
+    return (c2 * c2).mean(-1) / (m2 * m2) - 3.0
+
+
+def _kurtosis(rows: torch.Tensor) -> float:
+    # rows (N, D): the mean over the rows with spread (m₂ > 0), nan when none has any
+    k = token_kurtosis(rows)
+    k = k[k.isfinite()]
+    return k.mean().item() if k.numel() else float("nan")
 
 
 def excess_kurtosis(x: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """The real tokens' mean excess kurtosis over the feature dimension; nan when none has spread."""
-    rows = _real(x, mask).double()  # fourth powers of large activations: double, once per validation
-    spread = rows.var(-1) > 0
-    return token_kurtosis(rows[spread]).mean().item() if spread.any() else float("nan")
+    return _kurtosis(_real(x, mask))
+
+
+def stream_stats(x: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """rms, max_abs and kurtosis of the real tokens, which are selected once."""
+    rows = _real(x, mask)
+    return {"rms": rows.pow(2).mean().sqrt().item(), "max_abs": rows.abs().max().item(), "kurtosis": _kurtosis(rows)}
 
 
 def _rows(stat: torch.Tensor, query_mask: torch.Tensor | None) -> list[float]:

@@ -32,7 +32,7 @@ from torch import nn
 
 from normlab.config import check_bool, check_number
 from normlab.model.attention import MultiheadAttention
-from normlab.observatory import GradWindow, attention_stats, excess_kurtosis, max_abs, rms
+from normlab.observatory import GradWindow, attention_stats, max_abs, rms, stream_stats
 from normlab.private_api import foreach_norms
 
 
@@ -66,14 +66,14 @@ def observe(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[s
 
 def _stream(block, mask, stats):
     def hook(module, args, out):
-        x = block.stream(out)  # (B, T, D): the residual stream the next block reads
-        stats.update(rms=rms(x, mask), max_abs=max_abs(x, mask), kurtosis=excess_kurtosis(x, mask))
+        stats.update(stream_stats(block.stream(out), mask))  # (B, T, D): the stream the next block reads
     return hook
 
 
 def _output(mask, stats):
     def hook(module, args, out):
-        stats.update(out_rms=rms(out, mask), out_max_abs=max_abs(out, mask))
+        rows = out[mask]  # (N, D): the real tokens' outputs, selected once
+        stats.update(out_rms=rms(rows), out_max_abs=max_abs(rows))
     return hook
 
 
