@@ -301,3 +301,15 @@ def test_subset_ranks_counts_the_pairs_a_subset_orders_otherwise(monkeypatch):
     total, bad = mod.swapped(full, sub)
     assert total == 5
     assert bad == [("a", "d", -1.0), ("b", "c", 1.0)]
+
+
+def test_observatory_cost_rejects_zero_steps_and_computes_its_ratios(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("bench_observatory_cost", BENCHMARKS / "observatory_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "one_run", lambda *a: (_ for _ in ()).throw(AssertionError("the benchmark ran")))
+    assert "--steps: 0 is not an integer >= 1" in exit_message(mod.main, ["--steps", "0"], capsys)
+    out = mod.cost({"off": [{"wall_s": 100.0, "train_tokens_per_s": 1000.0}, {"wall_s": 120.0, "train_tokens_per_s": 900.0}],
+                    "on": [{"wall_s": 104.0, "train_tokens_per_s": 990.0}]})
+    assert out["median"]["off"] == {"wall_s": 110.0, "train_tokens_per_s": 950.0}
+    assert out["run_cost"] == 104.0 / 110.0 - 1 and out["step_cost"] == 950.0 / 990.0 - 1

@@ -162,6 +162,11 @@ def test_torch_module_hooks_of_one_module():
         assert api.module_hooks(m) is False
 
 
+def test_foreach_norms_are_each_tensors_norm():
+    ts = [torch.arange(6.0).view(2, 3), torch.tensor([3.0, -4.0]), torch.zeros(4)]
+    assert torch.stack(api.foreach_norms(ts)).tolist() == [torch.linalg.vector_norm(t).item() for t in ts]
+
+
 def test_numpy_memmap_exposes_its_mmap(tmp_path):
     """TokenArray.open advises the kernel (MADV_RANDOM) through the memmap's own mmap object."""
     import mmap

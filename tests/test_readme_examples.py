@@ -199,6 +199,8 @@ def run_train(args: list[str], runs: dict, tmp_path: Path) -> None:
     (results,) = (tmp_path / ("sweep" if multirun else "run")).rglob("results.json")
     debug = any(a.startswith("debug=") for a in args)  # a debug run is never finished (conf/debug)
     assert f'"status": "{"debug" if debug else "completed"}"' in results.read_text()
+    if "callbacks.observatory.enabled=true" in args:  # its statistics of the validation at step 1, per layer
+        assert json.loads(results.read_text())["observatory"]["layers"]["enc.0.self_attn"]["entropy_h0"] > 0
 
 
 def run_command(name: str, args: list[str], stdin: str | None, monkeypatch, capsys) -> None:

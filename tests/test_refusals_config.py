@@ -51,6 +51,9 @@ CALLBACK_VALUES = [
                                  "margin, min_delta, after_step, stop_after)"),
     ("callbacks.diagnostics.every_n_steps=-1",
      "callbacks.diagnostics.every_n_steps: -1 is not valid (allowed: an integer >= 0 (0: off))"),
+    ("callbacks.observatory.enabled=maybe", "callbacks.observatory.enabled: 'maybe' is not valid (allowed: true, false)"),
+    ("callbacks.observatory.window=0",
+     "callbacks.observatory.window: 0 is not valid (allowed: an integer >= 1 (optimizer steps))"),
 ]
 
 

@@ -44,6 +44,7 @@ NOT_IDENTITY = (
     "data.cache_dir", "data.num_workers", "model.compile",  # torch.compile: how the same model runs
     "callbacks.train_log", "callbacks.progress_bar",  # what the console shows
     "callbacks.diagnostics",  # extra logging (eval mode, own generator: no effect on training)
+    "callbacks.observatory",  # extra logging (eval mode on one validation batch, no random draw)
     "callbacks.full_checkpoint", "callbacks.preemption",  # when state is saved, not what is trained
 )
 # Keys added after runs were named, at the value that behaves as before: left out of the identity at

@@ -57,6 +57,15 @@ def module_hooks(module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
+def foreach_norms(tensors: list) -> list:
+    """torch: the 2-norm of each tensor, in one fused kernel per device and dtype (what clip_grad_norm_
+    and get_total_norm use inside); the public per-tensor norm is one kernel launch per tensor, which
+    the observatory's per-layer gradient norms would pay on every update."""
+    import torch
+
+    return list(torch._foreach_norm(tensors))
+
+
 def numpy_mmap(array):
     """numpy: the mmap.mmap under an np.memmap (None for any other array), for madvise; numpy keeps
     it in the private `_mmap` (public since no version)."""

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from normlab.budget import stopped_by_time
 from normlab.callbacks.full_checkpoint import NO_CONTINUATION, FullStateCheckpoint, StopAfterCheckpoint
 from normlab.callbacks.preemption import Preemption, max_time_seconds
+from normlab.callbacks.observatory import Observatory
 from normlab.callbacks.plateau import PlateauStop
 from normlab.callbacks.stall import StallGuard
 from normlab.checkpoint import CheckpointError, load_checkpoint, write_json
@@ -405,10 +406,13 @@ def _reasons(leg: _Leg) -> dict[str, Any]:
 
 
 def _plateau(leg: _Leg) -> dict[str, Any]:
-    """Where the validation curve ended (issue 35), when the plateau callback watched it."""
-    plateau = leg.find(PlateauStop)
+    """Where the validation curve ended (issue 35), when the plateau callback watched it, and the stability
+    observatory's last statistics, when it was on."""
+    plateau, observatory = leg.find(PlateauStop), leg.find(Observatory)
     summary = plateau.summary(leg.trainer) if plateau is not None else None
-    return {} if summary is None else {"plateau": summary}
+    observed = observatory.summary() if observatory is not None else None  # the last validation's statistics
+    out = {} if summary is None else {"plateau": summary}
+    return out if observed is None else {**out, "observatory": observed}
 
 
 def _counters(leg: _Leg) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from normlab.callbacks.observatory import BlockGradNorms
 from normlab.config import check_number
 from normlab.model.norms import Derf, DyT, ScaleNorm
 from normlab.probes import output_change
@@ -64,13 +65,12 @@ def parameter_stats(model: nn.Module) -> dict[str, float]:
 
 @torch.no_grad()
 def grad_norms(model: nn.Module) -> dict[str, float]:
-    out = {}
-    for name, block in model.residual_blocks():
-        grads = [p.grad for p in block.parameters() if p.grad is not None]
-        if grads:
-            out[f"diag/{name}/grad_norm"] = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
-    return out
+    """‖∇‖ of each block that has gradients, measured as the observatory measures them (one fused norm)."""
+    measured = BlockGradNorms()(model, list(model.parameters()))
+    if measured is None:
+        return {}
+    return {f"diag/{name}/grad_norm": norm for (name, block), norm in zip(model.residual_blocks(), measured[0].tolist())
+            if any(p.grad is not None for p in block.parameters())}
 
 
 class RatioHooks:

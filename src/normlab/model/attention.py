@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.model.norms import RMSNorm, build_norm, l2_normalized
-from normlab.model.stability import AttentionStability
+from normlab.model.stability import AttentionStability, attention_weights
 from normlab.private_api import tensor_version
 
 # kind of each attention module: the model injects DropHead by kind (RegularizerConfig's
@@ -262,6 +262,22 @@ class MultiheadAttention(nn.Module):
             out = out * head_mask.to(out.dtype)[:, :, None, None]  # (B, H, 1, 1) x (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.embed_dim)  # (B, T, D)
         return self.out_proj(self.inner_norm(out))
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
+                      key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                      **_) -> tuple[torch.Tensor, torch.Tensor]:
+        # The logits (scaled as SDPA scales, before a soft-cap; -inf where masked) and the attention
+        # probabilities, both (B, H, T, S), that forward's SDPA computes without materialising them:
+        # for the stability observatory (callbacks/observatory.py), on one batch, never in training.
+        # q and k as forward computes them (QK-norm, QKV-norm, key RMSNorm); no cache.
+        first = FirstValues() if self.value_residual is not None else None  # only v depends on it
+        q, k, _ = self._qkv(x, memory, None, first)  # (B, H, T, Dh), (B, H, S, Dh)
+        attn_mask, is_causal = _attention_mask(key_padding_mask, causal, q.size(2), k.size(2), x.device)
+        scale = None if self._qk_norm() is None else self._qk_norm().sdpa_scale  # None: SDPA's 1/√d_head
+        stability = self.stability
+        return attention_weights(q, k, attn_mask, is_causal, scale, None if stability is None else stability.logit_cap,
+                                 None if stability is None else stability.sink)
 
     def _qk_norm(self) -> nn.Module | None:
         # What normalises q and k: QK-norm, or HybridNorm's QKV-norm (never both), or None.

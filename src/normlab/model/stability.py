@@ -150,17 +150,26 @@ def explicit_attention(q, k, v, attn_mask, is_causal, dropout_p, scale, cap, sin
     # logit, not a dot product; gpt-oss has no cap, Gemma 2 no sink). Materialises the (B, H, Tq, S)
     # logits, as x-transformers' Attend does for softclamp_logits (its flash path refuses the cap).
     # Logits, cap and softmax in at least fp32, rounded to v's dtype for the product with V.
-    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    s = softcap(widened(q @ k.transpose(-2, -1)) * scale, cap)  # (B, H, Tq, S)
-    B, H, Tq, S = s.shape
-    if is_causal or attn_mask is not None:
-        s = s + additive_mask(attn_mask, is_causal, B, H, Tq, S, s.dtype, s.device)
-    if sink is not None:
-        s = torch.cat([s, sink.column(B, Tq, s.dtype)], dim=-1)  # (B, H, Tq, S + 1)
-    p = torch.softmax(s, dim=-1)[..., :S]  # without the sink's column: its value is 0
+    _, p = attention_weights(q, k, attn_mask, is_causal, scale, cap, sink)
     if dropout_p > 0.0:
         p = F.dropout(p, dropout_p)
     return p.to(v.dtype) @ v  # (B, H, Tq, Dh)
+
+
+def attention_weights(q, k, attn_mask, is_causal, scale, cap=None, sink=None) -> tuple[torch.Tensor, torch.Tensor]:
+    # The logits s = q·kᵀ·scale (before the cap; -inf where the mask hides a key) and the probabilities
+    # softmax over [cap(s), sink] without the sink's column, both (B, H, Tq, S), in at least fp32: what
+    # SDPA (or explicit_attention) computes without handing them out. cap None: no cap; sink None: none.
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    s = widened(q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, S)
+    B, H, Tq, S = s.shape
+    z = s if cap is None else softcap(s, cap)
+    if is_causal or attn_mask is not None:
+        bias = additive_mask(attn_mask, is_causal, B, H, Tq, S, s.dtype, s.device)
+        s, z = s + bias, z + bias
+    if sink is not None:
+        z = torch.cat([z, sink.column(B, Tq, z.dtype)], dim=-1)  # (B, H, Tq, S + 1)
+    return s, torch.softmax(z, dim=-1)[..., :S]  # without the sink's column: its value is 0
 
 
 def build_stability(cfg, heads: int, head_dim: int, d_in: int) -> AttentionStability | None:
