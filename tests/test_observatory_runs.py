@@ -49,6 +49,14 @@ def test_results_hold_the_last_validation_per_layer(runs):
             {"max_logit", *(f"{s}_h{h}" for s in ("entropy", "sink") for h in range(4))} if attention else set())
         assert values["grad_norm"] > 0 and values["rms"] > 0 and values["max_abs"] >= values["rms"]
     assert "observatory" not in runs["off"][0]
+    # what a study's claims read of it (study/records.py obs.<stack>.<statistic>): the blocks' mean, heads first
+    from normlab.study.records import observatory_mean
+
+    dec_sinks = [sum(v[f"sink_h{h}"] for h in range(4)) / 4 for b, v in observed["layers"].items()
+                 if b.startswith("dec.") and "attn" in b]
+    assert dec_sinks and observatory_mean(observed, "obs.dec.sink") == pytest.approx(sum(dec_sinks) / len(dec_sinks))
+    kurt = [v["kurtosis"] for v in observed["layers"].values()]
+    assert observatory_mean(observed, "obs.all.kurtosis") == pytest.approx(sum(kurt) / len(kurt))
 
 
 def test_csv_and_wandb_hold_every_layers_series(runs):

@@ -127,8 +127,7 @@ def dotted(node, path: str):
 # callbacks/observatory.py) as one number per run: the mean over the stack's blocks (enc, dec, or all)
 # that measured the statistic; a per-head statistic (sink_h0, sink_h1, ...: `sink`) is first averaged
 # over the heads. E.g. obs.dec.sink (decoder attention sink rate), obs.all.kurtosis (excess kurtosis of
-# the residual stream). Provisional: the names follow the observatory branch as it stood; its merge
-# aligns them.
+# the residual stream).
 STACKS = ("enc", "dec", "all")
 
 
