@@ -6,7 +6,7 @@ import json
 import pytest
 
 from normlab.errors import UserError
-from normlab.study.screen import Screen, load_screen, rank, rung_value, setting_name, setting_overrides
+from normlab.study.screen import Screen, load_screen, rank, ranked_value, rung_value, setting_name, setting_overrides
 
 from study_files import write_study_file
 from test_study import run_study
@@ -36,6 +36,21 @@ def test_the_rung_value_is_the_validation_logged_at_that_optimizer_step(tmp_path
     assert rung_value(tmp_path, 250, "valid_loss") == 4.5 and rung_value(tmp_path, 250, "valid_bleu") == 3.0
     assert rung_value(tmp_path, 500, "valid_loss") is None and rung_value(tmp_path, 750, "valid_loss") is None
     assert rung_value(tmp_path / "none", 250, "valid_loss") is None
+
+
+def test_a_run_that_stopped_at_its_plateau_before_the_rung_is_ranked_by_its_last_validation(tmp_path):
+    """It had no value at the rung and was dropped as a diverged run: a converged run stands at its last
+    validation; a diverged or stalled one (not `completed`) still has none."""
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text(
+        "epoch,step,train/loss,valid/loss\n0,249,,4.5\n0,499,,4.2\n0,599,,4.19\n")
+    assert rung_value(tmp_path, 1000, "valid_loss") is None
+    assert ranked_value(tmp_path, 1000, "valid_loss", "completed") == 4.19  # its last, at step 600
+    assert ranked_value(tmp_path, 500, "valid_loss", "completed") == 4.2  # a value at the rung: that one
+    assert ranked_value(tmp_path, 1000, "valid_loss", "diverged") is None
+    assert ranked_value(tmp_path, 1000, "valid_loss", "stalled") is None
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,step,train/loss,valid/loss\n0,249,,4.5\n0,599,,nan\n")
+    assert ranked_value(tmp_path, 1000, "valid_loss", "completed") is None  # its last validation not finite
 
 
 @pytest.mark.parametrize("node, key", [

@@ -118,6 +118,21 @@ def rung_value(run_dir: Path, step: int, by: str) -> float | None:
     return None
 
 
+def ranked_value(run_dir: Path, step: int, by: str, status: str | None) -> float | None:
+    """What a setting is ranked by at the rung at `step`: its validation there (rung_value). A run that
+    completed before the rung stopped at its plateau (callbacks.plateau: its loss gained less than the
+    study's min_delta over the window), so its last validation stands for it; it had no value at the rung
+    and was ranked as a diverged one."""
+    value = rung_value(run_dir, step, by)
+    if value is not None or status != "completed":
+        return value
+    column = "valid/" + by[len("valid_"):]
+    before = [row for row in read_metrics(run_dir / "csv" / "metrics.csv") or []
+              if row.get("step", step) < step and column in row]
+    last = max(before, key=lambda row: row["step"], default=None)
+    return last[column] if last is not None and math.isfinite(last[column]) else None
+
+
 def lower_better(by: str) -> bool:
     return bool(re.search(r"(loss|nll|ppl)$", by))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from normlab.outcome import FINISHED
 from normlab.study.plan import Job, compose, make_job
 from normlab.study.runner import Sweep, run_results
-from normlab.study.screen import (check_rungs, read_choice, rung_value, setting_name, setting_overrides, survivors,
+from normlab.study.screen import (check_rungs, ranked_value, read_choice, setting_name, setting_overrides, survivors,
                                    write_choice)
 from normlab.study.spec import Arm, Study
 
@@ -94,7 +94,7 @@ def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict]
         rows[name]["status"] = res.get("status")
         rows[name]["floor"] = res.get("input_independent_loss")  # L*: a value at it is a stall the guard had no time to see
         if res.get("status") == "completed" or res.get("status") == "stopped":
-            values[name] = rung_value(job.run_dir, rung, screen.by)
+            values[name] = ranked_value(job.run_dir, rung, screen.by, res.get("status"))
         else:  # diverged or stalled before the rung: out
             values[name] = None
         rows[name]["values"][str(rung)] = values[name]

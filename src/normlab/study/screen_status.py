@@ -32,7 +32,7 @@ from normlab.outcome import FINISHED
 from normlab.study.damaged import is_damaged
 from normlab.study.plan import Job, plan
 from normlab.study.runner import record_done, run_results, shared_index
-from normlab.study.screen import Screen, read_choice, rung_value, setting_name, setting_overrides, survivors
+from normlab.study.screen import Screen, ranked_value, read_choice, rung_value, setting_name, setting_overrides, survivors
 from normlab.study.screen_run import choices, screen_jobs
 from normlab.study.spec import Arm, Study
 from normlab.study.status import job_state, log_progress
@@ -80,7 +80,7 @@ def _state(job: Job, rung: int, by: str) -> Setting:
     res = run_results(job) or {}
     status, steps = res.get("status"), int(res.get("steps") or 0)
     if status in FINISHED:  # a completed run (e.g. another study's, trained to its cap) is ranked by its value
-        value = rung_value(job.run_dir, rung, by) if status == "completed" else None  # as screen_run ranks it
+        value = ranked_value(job.run_dir, rung, by, status) if status == "completed" else None  # as screen_run ranks it
         return Setting(name, status, f"{status} at step {steps}", steps, res, value)
     if status == "stopped" and steps >= rung:  # paused at the rung (or past it, continuing)
         s = Setting(name, "at rung", "", steps, res, rung_value(job.run_dir, rung, by))
