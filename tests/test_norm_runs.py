@@ -201,6 +201,20 @@ def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, t
 
 
 @pytest.mark.integration
+def test_the_attnres_arm_trains_end_to_end(small_corpus, tmp_path_factory):
+    # +arm=attnres_pre (Attention Residuals, Kimi Team 2026; issue 38), block form: trains 2 steps; the
+    # pseudo-queries of the layers with more than one source have left their init 0
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "+arm=attnres_pre", "model.attnres_block=2",
+                            "trainer.max_steps=2")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 2
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    for stack in ("encoder", "decoder"):
+        query = state[f"model.{stack}.aggregation.query"]
+        assert query[0].eq(0).all() and query[1:].ne(0).any(-1).all()
+
+
+@pytest.mark.integration
 def test_the_dwa_arm_trains_end_to_end(small_corpus, tmp_path_factory):
     # +arm=dwa_pre (DenseFormer, Pagliardini et al. 2024; issue 20, item 2): trains a few steps,
     # validates and checkpoints; α has left its identity init, its upper triangle unread and unchanged
