@@ -263,3 +263,14 @@ def test_the_arm_names_the_run():
 
     labels = identity.labels(compose_cfg(["logger=csv", "+arm=ngpt"]))
     assert (labels["norm"], labels["arm"]) == ("ngpt", "ngpt+nobias")
+
+
+def test_both_schemes_are_in_the_docs_table_with_their_papers():
+    from conftest import ROOT
+
+    rows = [line for line in (ROOT / "docs" / "schemes.md").read_text(encoding="utf-8").split("\n")
+            if line.startswith("| `")]
+    for key, paper in (("norm.placement=ngpt", "arXiv 2410.01131"), ("model.layer_aggregation=attnres", "arXiv 2603.15031")):
+        mine = [row for row in rows if row.startswith(f"| `{key}`")]
+        assert len(mine) == 1 and paper in mine[0], key
+    assert "`model.attnres_block=S`" in [row for row in rows if "attnres" in row][0]
