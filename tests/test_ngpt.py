@@ -274,3 +274,19 @@ def test_both_schemes_are_in_the_docs_table_with_their_papers():
         mine = [row for row in rows if row.startswith(f"| `{key}`")]
         assert len(mine) == 1 and paper in mine[0], key
     assert "`model.attnres_block=S`" in [row for row in rows if "attnres" in row][0]
+
+
+@pytest.mark.parametrize("kw", [NGPT, dict(norm={"placement": "pre"}, layer_aggregation="attnres", attnres_block=2)],
+                         ids=["ngpt", "attnres"])
+def test_bf16_autocast_keeps_the_unit_sphere_and_the_depth_softmax_in_fp32(kw):
+    # under autocast the norms and AttnRes's logits and softmax run in fp32 (norms.widened) and round once
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny(**kw)).eval()
+    src, tgt = batch()
+    full = model(src, tgt)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = model(src, tgt)
+        memory, _ = model.encode(src)
+    torch.testing.assert_close(half.float(), full, atol=0.1, rtol=0.05)
+    if kw is NGPT:
+        torch.testing.assert_close(memory.float().norm(dim=-1), torch.ones(memory.shape[:-1]), atol=1e-2, rtol=0)
