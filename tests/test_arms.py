@@ -250,7 +250,7 @@ def test_fixnorm_output_scale_is_the_final_scalenorm_g_and_gets_a_gradient():
      r"^model\.layer_aggregation: dwa with norm\.placement=b2t: "),
     (dict(layer_aggregation="dwa", regularizer={"encoder_layerdrop": 0.1}),
      r"^regularizer\.encoder_layerdrop: 0\.1 with model\.layer_aggregation=dwa on the encoder: .*DWA's"),
-    (dict(layer_aggregation="dense"), r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa\)$"),
+    (dict(layer_aggregation="dense"), r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa, attnres\)$"),
     (dict(layer_aggregation="dlcl", layer_aggregation_stacks="middle"),
      r"^model\.layer_aggregation_stacks: 'middle' is not valid"),
 ])

@@ -87,6 +87,9 @@ VARIANTS = {
     "dlcl-post-decoder": dict(layer_aggregation="dlcl", layer_aggregation_stacks="decoder"),
     "dwa-pre": dict(norm={"placement": "pre"}, layer_aggregation="dwa"),
     "dwa-post-decoder": dict(layer_aggregation="dwa", layer_aggregation_stacks="decoder"),
+    "attnres-block-pre": dict(norm={"placement": "pre"}, layer_aggregation="attnres", attnres_block=2),
+    "ngpt-layerdrop": dict(norm={"placement": "ngpt", "type": "none"}, bias=False,
+                           regularizer={"encoder_layerdrop": 0.3, "decoder_layerdrop": 0.3}),
     "untied-wider-decoder": dict(decoder_d_model=24, decoder_heads=3, share_embeddings=False,
                                  learned_positions=True),
 }

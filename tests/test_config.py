@@ -48,7 +48,7 @@ def test_default_config_is_valid():
     ("callbacks.step_checkpoints.keep_last_n=-1", r"^callbacks\.step_checkpoints\.keep_last_n: -1 "),
     ("data=custom", r"^data\.train_src: no value given .*also missing: data\.train_tgt, data\.valid_src"),
     ("norm.placement=rezero", r"^norm\.type: layernorm with norm\.placement=rezero"),
-    ("model.layer_aggregation=dense", r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa\)$"),
+    ("model.layer_aggregation=dense", r"^model\.layer_aggregation: 'dense' is not valid \(allowed: none, dlcl, dwa, attnres\)$"),
     ("+norm.colour=red", r"^norm\.colour: not a norm option"),
     ("model.qk_norm=cosine", r"^model\.qk_norm: 'cosine' is not valid \(allowed: none, l2, rms\)$"),
     ("model.qk_norm_scale_init=0", r"^model\.qk_norm_scale_init: 0 is not valid \(allowed: a number > 0, or null"),

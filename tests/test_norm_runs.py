@@ -201,6 +201,47 @@ def test_new_options_train_and_their_checkpoints_rebuild(option, small_corpus, t
 
 
 @pytest.mark.integration
+def test_the_ngpt_arm_trains_with_unit_matrices_after_every_step(small_corpus, tmp_path_factory):
+    # +arm=ngpt (Loshchilov et al. 2025; issue 38): 2 steps through train.py; the checkpoint's matrices
+    # are unit along their embedding axis (the module renormalises after each optimizer step), the
+    # α have moved from their init, and the decoded checkpoint gives finite logits
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "+arm=ngpt", "trainer.max_steps=2",
+                            "optim.warmup=0")  # the tiny overrides set a warmup, which nGPT refuses
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 2
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    checked = 0
+    for name, w in state.items():
+        axis = (1 if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "fc1.weight", "embedding.weight"))
+                else 0 if name.endswith(("out_proj.weight", "fc2.weight")) else None)
+        if axis is not None:
+            norms = w.norm(dim=axis)
+            norms = norms[norms > 0] if name.endswith("embedding.weight") else norms  # the pad row stays 0
+            torch.testing.assert_close(norms, torch.ones_like(norms), msg=name)
+            checked += 1
+    assert checked == 2 * 6 + 2 * 10 + 3  # 2 + 2 layers; the shared embedding under its three names
+    alpha = state["model.encoder.layers.0.ffn.ngpt_alpha.s"]
+    assert not torch.equal(alpha, torch.full_like(alpha, alpha.numel() ** -0.5))
+    model, _ = load_model(run_dir / "checkpoints" / "last.ckpt")
+    src = torch.tensor([[5, 6, 7, model.cfg.eos_id]])
+    assert model(src, src[:, :2]).isfinite().all()
+
+
+@pytest.mark.integration
+def test_the_attnres_arm_trains_end_to_end(small_corpus, tmp_path_factory):
+    # +arm=attnres_pre (Attention Residuals, Kimi Team 2026; issue 38), block form: trains 2 steps; the
+    # pseudo-queries of the layers with more than one source have left their init 0
+    run_dir, ov = overrides(small_corpus, tmp_path_factory, "+arm=attnres_pre", "model.attnres_block=2",
+                            "trainer.max_steps=2")
+    results = run(compose_cfg(ov))
+    assert results["status"] == "completed" and results["steps"] == 2
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    for stack in ("encoder", "decoder"):
+        query = state[f"model.{stack}.aggregation.query"]
+        assert query[0].eq(0).all() and query[1:].ne(0).any(-1).all()
+
+
+@pytest.mark.integration
 def test_the_dwa_arm_trains_end_to_end(small_corpus, tmp_path_factory):
     # +arm=dwa_pre (DenseFormer, Pagliardini et al. 2024; issue 20, item 2): trains a few steps,
     # validates and checkpoints; α has left its identity init, its upper triangle unread and unchanged

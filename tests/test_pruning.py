@@ -88,6 +88,7 @@ def test_pruned_equals_skipped_forward_and_survives_save_load(placement, reg, tm
     torch.manual_seed(0)
     c = cfg(**reg)
     c.norm.placement, c.norm.type = placement, "none" if SCHEMES[placement].norm_free else "layernorm"
+    c.bias = placement != "ngpt"  # nGPT's projections have no biases (it refuses model.bias=true)
     m = Seq2SeqTransformer(c).eval()
     keep_e, keep_d = [0, 3, 5], [1, 2]  # not consecutive
     pruned = prune(m, keep_e, keep_d)

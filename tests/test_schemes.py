@@ -15,7 +15,7 @@ from normlab.model.schemes import SCHEMES, Scheme, get_scheme
 
 def test_every_placement_is_a_registered_scheme_with_its_paper_and_formula():
     assert PLACEMENTS == ("post", "pre", "deepnorm", "subln", "sandwich", "rezero", "resi_dual", "b2t", "reordered", "pre_scaled",
-                          "mix", "hybrid", "hybrid_star")
+                          "mix", "hybrid", "hybrid_star", "ngpt")
     for name, scheme in SCHEMES.items():
         assert isinstance(scheme, Scheme) and scheme.name == name and get_scheme(name) is scheme
         assert scheme.paper and re.match(r"(x = |\(x, d\) -> )", type(scheme).__doc__ or ""), name

@@ -140,6 +140,8 @@ class ModelConfig:
     # (DenseFormer, Pagliardini et al. 2024), on the encoder, the decoder or both.
     layer_aggregation: str = "none"
     layer_aggregation_stacks: str = "both"
+    # Attention Residuals (Kimi Team 2026; layer_aggregation=attnres): layers per block, 1 = full AttnRes.
+    attnres_block: int = 1
     # false: no bias in the attention projections (q, k, v, out; self and cross) nor in any norm
     # (LayerNorm's β, DyT's and Derf's β); the FFN keeps its own (x-transformers' default; PaLM and
     # LLaMA drop every bias). A research axis: how biases interact with normalisation.
@@ -198,6 +200,7 @@ class ModelConfig:
         # every choice is checked before a combination of them, so a typo is named as itself
         check_choice("model.layer_aggregation", self.layer_aggregation, AGGREGATIONS)
         check_choice("model.layer_aggregation_stacks", self.layer_aggregation_stacks, AGGREGATION_STACKS)
+        check_positive("model.attnres_block", self.attnres_block)
         check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
         check_number("model.qk_norm_scale_init", self.qk_norm_scale_init, "a number > 0, or null for log2(L² - L), "
                      "L = model.max_positions", lambda v: v > 0, null=True)
@@ -227,13 +230,19 @@ class ModelConfig:
               "model.value_residual", "true with regularizer.layerdrop_rates=learned: a gated-off first layer "
               "would still give the value residual its V₁, which the pruned model (data-driven pruning) does "
               "not have; use regularizer.layerdrop_rates=uniform")
-        if self.layer_aggregation != "none":
+        if self.layer_aggregation != "none" or self.attnres_block != 1:
             self._check_aggregation()
 
     def _check_aggregation(self) -> None:
         # DLCL and DWA (model/aggregation.py); Admin's profile runs at init, where DWA is the identity,
         # so each sub-layer reads the previous one's output as Admin assumes: only DLCL refuses it.
         agg = self.layer_aggregation
+        check(self.attnres_block == 1 or agg == "attnres", "model.attnres_block",
+              f"{self.attnres_block} with model.layer_aggregation={agg}: only attnres reads it; leave it at 1")
+        check(agg != "attnres" or get_scheme(self.norm.placement).pre_like, "model.layer_aggregation",
+              f"attnres with norm.placement={self.norm.placement}: Attention Residuals replace the pre-norm "
+              "stream's sum (Kimi Team 2026), which a placement that normalises the stream does not have; "
+              "use a pre-norm placement (pre, subln, sandwich, reordered, pre_scaled)")
         check(self.init != "admin" or agg != "dlcl", "model.layer_aggregation",
               "dlcl with init=admin: Admin's ω profile assumes each sub-layer reads "
               "the previous one's output (Liu et al. 2020); DLCL feeds it a learned mix")

@@ -75,6 +75,7 @@ NEUTRAL = {
     "model.k_norm": False, "model.v_norm": False,
     "optim.skip_spikes": None,  # skipping updates whose gradient norm spikes (issue 38): off
     "optim.spike_window": 100,  # its window; read with skip_spikes alone
+    "model.attnres_block": 1,  # Attention Residuals' block size (issue 38); read by layer_aggregation=attnres alone
 }
 HASH_LEN = 8
 NORM_SHORT = {"layernorm": "ln", "scalenorm": "scalenorm", "rmsnorm": "rmsnorm"}
@@ -161,6 +162,8 @@ def aggregation_label(model: Any) -> str:
     """none, dlcl, dlcl_encoder, dlcl_decoder (Wang et al. 2019's layer aggregation); dwa, dwa_encoder,
     dwa_decoder (DenseFormer, Pagliardini et al. 2024)."""
     agg, stacks = model.get("layer_aggregation") or "none", model.get("layer_aggregation_stacks") or "both"
+    block = model.get("attnres_block") or 1
+    agg = agg if block == 1 else f"{agg}{block}"  # Block AttnRes: attnres4 (layers per block)
     return agg if agg == "none" or stacks == "both" else f"{agg}_{stacks}"
 
 

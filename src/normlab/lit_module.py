@@ -29,6 +29,7 @@ import torch.distributed as dist
 from normlab.config import ModelConfig
 from normlab.evaluation import make_decoder, ordered, score, subset_rows, translate_batches
 from normlab.losses import model_loss
+from normlab.model.schemes import get_scheme
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
@@ -39,6 +40,11 @@ from normlab.spikes import SpikeGate
 
 
 log = logging.getLogger("normlab")
+
+
+@rank_zero_only
+def rank_zero_warning(message: str) -> None:
+    log.warning(message)
 
 
 @rank_zero_only
@@ -204,6 +210,15 @@ class Seq2SeqModule(L.LightningModule):
             if p.grad is not None:
                 p.grad.mul_(scale)
 
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """The step, then the scheme's constraint on the weights (nGPT, Loshchilov et al. 2025: every
+        matrix back to unit norm along its embedding axis; nothing for the other schemes). Here, not in a
+        callback: the constraint is part of the model's definition, not an option a config could leave
+        out, and this hook runs once per update (after accumulation), on every rank alike, also when the
+        update was skipped or dropped (the weights are then already unit: renormalising is a no-op)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self.model.constrain_()
+
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """The update's gradient, once, before optimizer.step (issue 38). Lightning calls this last: after
         every callback's and this module's on_before_optimizer_step (the accumulation's normalisation) and
@@ -259,6 +274,8 @@ class Seq2SeqModule(L.LightningModule):
 
     def configure_optimizers(self):
         o = self.optim_spec
+        for line in get_scheme(self.model_cfg.norm.placement).optim_warnings(o):  # nGPT: no warmup, no decay
+            rank_zero_warning(line)
         peak = peak_lr(self.model_cfg.d_model, o.warmup, o.lr, o.scale)
         opt = build_optimizer(self.model, o, peak, self._adam_impl())  # optim.optimizer: adam | adamw
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.

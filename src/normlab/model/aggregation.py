@@ -53,10 +53,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from normlab.model.norms import build_norm
+from normlab.model.norms import build_norm, widened
 from normlab.model.schemes import get_scheme
 
-AGGREGATIONS = ("none", "dlcl", "dwa")
+AGGREGATIONS = ("none", "dlcl", "dwa", "attnres")
 AGGREGATION_STACKS = ("encoder", "decoder", "both")
 
 
@@ -147,6 +147,42 @@ class DWA(nn.Module):
         return f"layers={self.weight.shape[0]}"
 
 
+class AttnRes(nn.Module):
+    # Attention Residuals (module docstring): h_l = Σ_i softmax_i(w_lᵀ·RMSNorm(v_i))·v_i over the sources.
+    def __init__(self, n_layers: int, d: int, block: int = 1, eps: float = 1e-5):
+        super().__init__()
+        self.block, self.eps = block, eps
+        # w_1 .. w_L and the output's; 0: uniform weights at init (the authors'). A bare Parameter: the
+        # Xavier init passes it by (initialization.py). w_1 weighs one source (v_0) and never learns; it
+        # is kept so that each layer owns its query when pruning removes layers before it.
+        self.query = nn.Parameter(torch.zeros(n_layers + 1, d))  # (L+1, D)
+
+    def forward(self, layers: nn.ModuleList, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        done, partial = [x], None  # finished sources (v_0, then blocks), the block in progress
+        for i, layer in enumerate(layers):
+            h = self.attend(i, done if partial is None else done + [partial])
+            v = layer(h, *args, **kwargs) - h  # f_i(h_i): the layer's contribution
+            partial = v if partial is None else partial + v
+            if (i + 1) % self.block == 0:
+                done, partial = done + [partial], None
+        return self.attend(len(layers), done if partial is None else done + [partial])
+
+    def attend(self, row: int, sources: list[torch.Tensor]) -> torch.Tensor:
+        values = torch.stack(sources)  # (N, B, T, D)
+        w = widened(values)  # logits and softmax in fp32 under autocast (norms.widened)
+        keys = w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + self.eps)  # RMSNorm, no gain
+        alpha = torch.softmax(keys @ self.query[row].to(w.dtype), dim=0)  # (N, B, T): over the sources
+        return (alpha.unsqueeze(-1) * w).sum(0).to(values.dtype)  # (B, T, D)
+
+    def subset(self, keep: Sequence[int]) -> "AttnRes":
+        new = copy.deepcopy(self)
+        new.query = nn.Parameter(self.query.detach()[list(keep) + [self.query.size(0) - 1]].clone())
+        return new
+
+    def extra_repr(self) -> str:
+        return f"layers={self.query.size(0) - 1}, block={self.block}"
+
+
 def build_aggregation(cfg, stack: str, n_layers: int, d: int) -> nn.Module:
     # cfg: a ModelConfig; stack: "encoder" or "decoder".
     if cfg.layer_aggregation_stacks not in (stack, "both"):
@@ -155,4 +191,6 @@ def build_aggregation(cfg, stack: str, n_layers: int, d: int) -> nn.Module:
         return DLCL(n_layers, d, cfg.norm, pre=get_scheme(cfg.norm.placement).pre_like, bias=cfg.bias)
     if cfg.layer_aggregation == "dwa":
         return DWA(n_layers)
+    if cfg.layer_aggregation == "attnres":
+        return AttnRes(n_layers, d, cfg.attnres_block, cfg.norm.eps)
     return LayerChain()

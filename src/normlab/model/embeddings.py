@@ -101,14 +101,17 @@ class OutputProjection(nn.Module):
     # output) this module normalises x and owns g: the same function.
     # softcap (model.logit_softcap; Gemma 2): logits c·tanh(z/c), here for decoding and in the chunked
     # loss (losses.model_loss reads it), so training, validation and decoding score the same logits.
+    # logit_scale (nGPT's s_z, Loshchilov et al. 2025): a module whose output s (V,) scales the logits,
+    # s ⊙ z, folded into the rows of W (z_v = h·(s_v w_v)), so the chunked loss sees it too.
     def __init__(self, vocab_size: int, d: int, tied: TokenEmbedding | None, fixnorm: bool = False,
-                 scaled_input: bool = False, softcap: float | None = None):
+                 scaled_input: bool = False, softcap: float | None = None, logit_scale: nn.Module | None = None):
         super().__init__()
         self.tied = tied
         self.untied = None if tied is not None else nn.Embedding(vocab_size, d)
         self.fixnorm = fixnorm
         self.g = nn.Parameter(torch.tensor(math.sqrt(d))) if fixnorm and not scaled_input else None
         self.softcap = softcap
+        self.logit_scale = logit_scale  # None: no module, no state-dict key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(*self.operands(x))  # (B, T, V)
@@ -118,6 +121,8 @@ class OutputProjection(nn.Module):
         # (x', W') with logits = x' W'ᵀ, so the training loss can take the product in row chunks
         # (losses.projected_label_smoothed_nll) without materialising the (B, T, V) logits.
         weight = self.tied.weight if self.tied is not None else self.untied.weight  # (V, D)
+        if self.logit_scale is not None:
+            weight = self.logit_scale().unsqueeze(1) * weight  # (V, 1) x (V, D)
         if not self.fixnorm:
             return x, weight
         if self.g is None:

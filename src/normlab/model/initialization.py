@@ -60,7 +60,8 @@ def scale_branches_(stack: nn.Module, gain: float, cross: bool) -> None:
 
 
 def init_model_(model: nn.Module) -> nn.Module:
-    """The model's initialisation: Xavier (above), then the scheme's own scaling."""
+    """The model's initialisation: Xavier (above), then the scheme's own scaling and constraint (nGPT's
+    unit-norm matrices)."""
     xavier_init_(model)
     cfg = model.cfg
     scheme = get_scheme(cfg.norm.placement)
@@ -68,4 +69,6 @@ def init_model_(model: nn.Module) -> nn.Module:
     for key, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
         if key in gains:
             scale_branches_(stack, gains[key], cross=scheme.scale_cross)
+    with torch.no_grad():
+        scheme.constrain_(model)
     return model

@@ -77,7 +77,9 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
     # QK-norm in every attention, self and cross, of both stacks (Henry et al. 2020 normalise all).
     g0 = (cfg.qk_norm_scale_init if cfg.qk_norm_scale_init is not None
           else henry_scale_init(cfg.max_positions) if cfg.qk_norm == "l2" else None)  # only l2 has a scale
-    qk_norm = build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps)
+    # nGPT (norm.placement=ngpt) brings its own: s_qk ⊙ q/‖q‖ per head, scale √d_k (model/ngpt.py)
+    qk_norm = (get_scheme(cfg.norm.placement).qk_norm(heads, d // heads, d)
+               or build_qk_norm(cfg.qk_norm, d // heads, g0, cfg.norm.eps))
     # Value residual (Zhou et al. 2024) in the self-attention of every layer of both stacks.
     value_residual = ValueResidual() if cfg.value_residual and kind != "cross" else None
     # The attention-stability schemes (model/stability.py), in self- and cross-attention alike.
@@ -87,8 +89,9 @@ def _attention(cfg: ModelConfig, d: int, heads: int, kind: str, memory_dim: int 
                               stability=build_stability(cfg, heads, d // heads, d))
 
 
-def _ffn(cfg: ModelConfig, d: int, ffn: int) -> FeedForward:
-    return FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn, "ffn"))
+def _ffn(cfg: ModelConfig, d: int, ffn: int) -> nn.Module:
+    own = get_scheme(cfg.norm.placement).feed_forward(d, ffn, cfg.activation_dropout)  # nGPT's scaled FFN
+    return own if own is not None else FeedForward(d, ffn, cfg.activation_dropout, _inner_norm(cfg, ffn, "ffn"))
 
 
 # A layer hands its input to its last block (layer_input): B2T's bottom-to-top skip uses it, every
@@ -216,7 +219,9 @@ class Seq2SeqTransformer(nn.Module):
         # FixNorm: a decoder that ends in a ScaleNorm hands over g·x/‖x‖, whose g is the output scale.
         scaled = isinstance(self.decoder.final_norm, ScaleNorm)
         self.output_projection = OutputProjection(V, cfg.decoder_d_model, tied, fixnorm, scaled_input=scaled,
-                                                  softcap=cfg.logit_softcap)
+                                                  softcap=cfg.logit_softcap,
+                                                  logit_scale=get_scheme(cfg.norm.placement).logit_scale(
+                                                      V, cfg.decoder_d_model))
         init_model_(self)
         self.register_load_state_dict_pre_hook(_fixnorm_scale_moved)  # hook(module, state_dict, prefix, ...)
 
@@ -233,6 +238,12 @@ class Seq2SeqTransformer(nn.Module):
     def residual_blocks(self) -> list[tuple[str, ResidualBlock]]:
         """Every residual block, encoder then decoder, in forward order; consumes no LayerDrop draw."""
         return [nb for key, stack in self.stacks().items() for nb in stack.residual_blocks(key)]
+
+    @torch.no_grad()
+    def constrain_(self) -> None:
+        """What the scheme keeps true of the weights (nGPT: unit-norm matrices), restored after every
+        optimizer step (lit_module.optimizer_step) as after the initialisation; nothing for the others."""
+        get_scheme(self.cfg.norm.placement).constrain_(self)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, project: bool = True) -> torch.Tensor:
         # project=False: the decoder's output states (B, T, D), for a loss that applies the output

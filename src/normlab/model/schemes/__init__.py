@@ -23,6 +23,9 @@ hybrid    (Zhuo et al. 2025,          attention: x = x + drop(Attn(x)), q, k, v 
            HybridNorm)                (per head); FFN: x = N(x) + drop(F(N(x))); + a final N per stack
 hybrid_star (Zhuo et al. 2025,        x = x + drop(F(N(x))) (pre-norm, QKV-norm kept) in the first layer
            HybridNorm*)               of each stack, hybrid in the others; + a final N per stack
+ngpt      (Loshchilov et al. 2025,    h = Norm(h + α ⊙ (Norm(drop(F(h))) − h)), Norm = x/‖x‖; h₀ = Norm(embedding),
+           nGPT)                      no final N, no norm layers (norm.type=none); unit-norm matrices after
+                                      every step, q/k normalised per head (model/ngpt.py)
 
 A scheme is a stateless object (one per name, `get_scheme`): the residual block (residual.py) keeps
 the parameters under the names every checkpoint has (norm, omega, norm_out, alpha, scale) and hands
@@ -36,9 +39,10 @@ from normlab.model.schemes.base import MIX_RATIO, SCHEMES, Scheme, get_scheme
 from normlab.model.schemes.classic import (DeepNorm, DualStreamInput, DualStreamOutput, Post, Pre, ReZero,
                                            ResiDual, Sandwich, SubLN, deepnorm_constants, subln_gains)
 from normlab.model.schemes.recent import B2T, Hybrid, HybridStar, Mix, PreScaled, Reordered, post_norm_layers
+from normlab.model.schemes.normalized import NGPT
 
 PLACEMENTS = tuple(SCHEMES)  # config.py's norm.placement choices, in the order the modules register
 
 __all__ = ["MIX_RATIO", "PLACEMENTS", "SCHEMES", "Scheme", "get_scheme", "Post", "Pre", "DeepNorm", "SubLN", "Sandwich", "ReZero",
            "ResiDual", "DualStreamInput", "DualStreamOutput", "deepnorm_constants", "subln_gains", "B2T",
-           "Reordered", "PreScaled", "Mix", "Hybrid", "HybridStar", "post_norm_layers"]
+           "Reordered", "PreScaled", "Mix", "Hybrid", "HybridStar", "post_norm_layers", "NGPT"]

@@ -93,6 +93,22 @@ class Scheme:
         """A norm inside the sub-layer of `kind` (encoder_self, decoder_self, cross, ffn), or None."""
         return None
 
+    # ---- modules a scheme replaces (None: the model's own) and the constraint it keeps -------------
+    def qk_norm(self, heads: int, head_dim: int, d: int) -> nn.Module | None:
+        """The attention's q / k normalisation (the `query`, `key`, `sdpa_scale` of attention.py's), or None."""
+        return None
+
+    def feed_forward(self, d: int, ffn: int, activation_dropout: float) -> nn.Module | None:
+        return None
+
+    def logit_scale(self, vocab_size: int, d: int) -> nn.Module | None:
+        """A module whose output s (V,) scales the output logits, s ⊙ z, or None."""
+        return None
+
+    def constrain_(self, model: nn.Module) -> None:
+        """What the scheme restores on the weights after the initialisation and after every optimizer
+        step (nGPT's unit-norm matrices); nothing by default."""
+
     def branch_gains(self, n_enc: int, n_dec: int) -> dict[str, float]:
         """{stack: gain} for the Xavier weights of v, out, fc1, fc2 (initialization.py); {} = none."""
         return {}
@@ -101,7 +117,8 @@ class Scheme:
     def norm_refusal(self, norm) -> tuple[str, str] | None:
         if (norm.type == "none") != self.norm_free:
             return ("norm.type", f"{norm.type} with norm.placement={self.name}: ReZero (Bachlechner et al. 2020) "
-                    "is the only placement without a norm; use norm.type=none exactly with norm.placement=rezero")
+                    "and nGPT (Loshchilov et al. 2025) are the placements without norm layers; use norm.type=none "
+                    "exactly with norm.placement=rezero or ngpt")
         if norm.mix_ratio != MIX_RATIO and not self.mix_ratio:  # a no-op setting would rename the run
             return ("norm.mix_ratio", f"{norm.mix_ratio} with norm.placement={self.name}: only Mix-LN "
                     f"(norm.placement=mix) reads it; leave it at {MIX_RATIO}")
@@ -116,6 +133,12 @@ class Scheme:
         if self.no_dwa and cfg.layer_aggregation == "dwa":
             return ("model.layer_aggregation", f"dwa with norm.placement={self.name}: {self.no_dwa}")
         return None
+
+
+    def optim_warnings(self, optim) -> list[str]:
+        """Lines for the run log about optimizer settings (an OptimSpec) that the scheme's paper rules
+        out; the run applies them (a study may screen them per arm) and says so."""
+        return []
 
 
 def get_scheme(name: str) -> Scheme:
