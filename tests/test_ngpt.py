@@ -243,6 +243,9 @@ def test_warmup_and_weight_decay_are_applied_with_a_warning(caplog):
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "optim.warmup=150 with norm.placement=ngpt", "optim.weight_decay=0.1 with norm.placement=ngpt"]
     caplog.clear()
+    with caplog.at_level("WARNING", logger="normlab"):  # inverse_sqrt_hold: `warmup` is a hold at the peak, no ramp
+        Seq2SeqModule(cfg, optim=OptimSpec(warmup=200, schedule="inverse_sqrt_hold"), eval=EvalSpec()).configure_optimizers()
+    assert not caplog.records
     with caplog.at_level("WARNING", logger="normlab"):  # the other schemes: nothing said
         Seq2SeqModule(tiny().to_dict(), optim=OptimSpec(warmup=150, weight_decay=0.1), eval=EvalSpec()).configure_optimizers()
     assert not caplog.records

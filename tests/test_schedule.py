@@ -39,7 +39,17 @@ def test_constant_schedule():
     assert lr_factor("inverse_sqrt", 400, 100) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("schedule", ["inverse_sqrt", "constant"])
+def test_inverse_sqrt_hold_is_the_peak_then_inverse_sqrts_decay():
+    """No ramp: the peak from step 1 to `warmup`, then exactly inverse_sqrt's multiple (nGPT's arm in the
+    stability study beside arms with a 200-step warmup)."""
+    assert [lr_factor("inverse_sqrt_hold", s, 200) for s in (1, 100, 200)] == [1.0, 1.0, 1.0]
+    for step in (201, 800, 4000):
+        assert lr_factor("inverse_sqrt_hold", step, 200) == pytest.approx(math.sqrt(200 / step))
+        assert lr_factor("inverse_sqrt_hold", step, 200) == lr_factor("inverse_sqrt", step, 200)
+    assert lr_factor("inverse_sqrt_hold", 16, 0) == pytest.approx(0.25)  # no hold: inverse_sqrt without warmup
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "constant", "inverse_sqrt_hold"])
 def test_module_optimizer_follows_the_schedule(schedule):
     # The lr the optimizer actually uses at optimizer step k (1-based) is peak * factor(k).
     import torch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("inverse_sqrt", "constant")
+SCHEDULES = ("inverse_sqrt", "constant", "inverse_sqrt_hold")
 
 
 def peak_lr(d_model: int, warmup: int, lr: float | None, scale: float = 1.0) -> float:
@@ -32,7 +32,19 @@ def constant_factor(step: int, warmup: int) -> float:
     return min(max(step, 1) / warmup, 1.0) if warmup > 0 else 1.0
 
 
+def inverse_sqrt_hold_factor(step: int, warmup: int) -> float:
+    """No ramp: the peak lr from step 1, held for `warmup` steps, then inverse_sqrt's decay √(warmup/step).
+    For a scheme its paper trains without warmup (nGPT, Loshchilov et al. 2025) beside arms on
+    inverse_sqrt with the same `warmup`: from step `warmup` on, both are at the same multiple of their peak
+    (inverse_sqrt with warmup 0 decays as 1/√step from step 1: 14x lower at step 200 than a 200-step
+    warmup's peak)."""
+    step = max(step, 1)
+    return min(1.0, math.sqrt(warmup / step)) if warmup > 0 else 1.0 / math.sqrt(step)
+
+
 def lr_factor(schedule: str, step: int, warmup: int) -> float:
     if schedule == "constant":
         return constant_factor(step, warmup)
+    if schedule == "inverse_sqrt_hold":
+        return inverse_sqrt_hold_factor(step, warmup)
     return inverse_sqrt_factor(step, warmup)

@@ -79,7 +79,7 @@ class NGPT(Scheme):
         # the scheme, not one regime), and a refusal would keep nGPT out of any shared grid. The arm
         # (+arm=ngpt) sets both to 0, the paper's recipe.
         lines = []
-        if optim.warmup:
+        if optim.warmup and optim.schedule != "inverse_sqrt_hold":  # hold: `warmup` steps at the peak, no ramp
             lines.append(f"optim.warmup={optim.warmup} with norm.placement=ngpt: the paper trains nGPT without "
                          "learning-rate warmup (Loshchilov et al. 2025, §2.6); applied as set")
         if optim.weight_decay:
