@@ -291,6 +291,7 @@ def test_a_checkpoint_saved_before_the_schemes_loads(tmp_path):
     (dict(attn_sink="yes"), "model.attn_sink: 'yes' is not valid (allowed: true, false)"),
     (dict(attn_softcap=0), "model.attn_softcap: 0 is not valid (allowed: a number > 0"),
     (dict(logit_softcap=-30.0), "model.logit_softcap: -30.0 is not valid (allowed: a number > 0"),
+    (dict(attn_softcap=float("inf")), "model.attn_softcap: inf is not valid (allowed: a number > 0"),  # nan'd all
     (dict(logit_softcap="30"), "model.logit_softcap: '30' is not valid"),
     (dict(k_norm=1), "model.k_norm: 1 is not valid (allowed: true, false)"),
     (dict(k_norm=True, qk_norm="rms"), "model.k_norm: true with model.qk_norm=rms: QK-norm already normalises"),

@@ -65,6 +65,7 @@ def test_a_gate_restored_from_its_state_decides_as_the_straight_one():
 
 @pytest.mark.parametrize("values, key", [({"skip_spikes": 1.0}, "optim.skip_spikes"),
                                          ({"skip_spikes": "big"}, "optim.skip_spikes"),
+                                         ({"skip_spikes": float("inf")}, "optim.skip_spikes"),  # never skips
                                          ({"skip_spikes": 5, "spike_window": 0}, "optim.spike_window"),
                                          ({"skip_spikes": 5, "spike_window": 2.5}, "optim.spike_window"),
                                          # read with skip_spikes alone: it would rename a run it does not change

@@ -12,6 +12,7 @@ is validated in normlab/run_config.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -207,7 +208,7 @@ class ModelConfig:
         check_choice("model.attn_gate", self.attn_gate, ATTN_GATES)
         for key in ("attn_softcap", "logit_softcap"):
             check_number(f"model.{key}", getattr(self, key), "a number > 0 (the cap c of c·tanh(s/c)), or null for none",
-                         lambda v: v > 0, null=True)
+                         lambda v: 0 < v < math.inf, null=True)  # inf: tanh(s/inf)·inf = nan everywhere
         check_choice("model.residual", self.residual, RESIDUALS)
         check_positive("model.residual_streams", self.residual_streams)
         check_choice("model.residual_mixing", self.residual_mixing, RESIDUAL_MIXINGS)

@@ -10,6 +10,7 @@ YAML line and one field here (and its check in `validate`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -83,7 +84,7 @@ class OptimSpec:
               f"{list(groups)!r} with optim.optimizer={self.optimizer}: only adamw and muon (its AdamW part) read it",
               "optim=adamw or optim=muon, or leave optim.no_decay at its default")
         check_number("optim.skip_spikes", self.skip_spikes, "a number > 1 (k x the median norm), or null: never skip",
-                     lambda v: v > 1, null=True)
+                     lambda v: 1 < v < math.inf, null=True)  # inf would never skip, yet rename the run
         check_number("optim.spike_window", self.spike_window, "an integer >= 1", lambda v: v >= 1, integer=True)
         check(self.skip_spikes is not None or self.spike_window == OptimSpec.spike_window, "optim.spike_window",
               f"{self.spike_window} with optim.skip_spikes=null: only the spike rule reads it",

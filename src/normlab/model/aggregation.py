@@ -171,7 +171,9 @@ class AttnRes(nn.Module):
         values = torch.stack(sources)  # (N, B, T, D)
         w = widened(values)  # logits and softmax in fp32 under autocast (norms.widened)
         keys = w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + self.eps)  # RMSNorm, no gain
-        alpha = torch.softmax(keys @ self.query[row].to(w.dtype), dim=0)  # (N, B, T): over the sources
+        # the dot products as a product and a sum: elementwise ops keep fp32 under autocast, a matmul
+        # would be cast back to bf16 (logits off by ~0.09 against fp64, review)
+        alpha = torch.softmax((keys * self.query[row].to(w.dtype)).sum(-1), dim=0)  # (N, B, T): over the sources
         return (alpha.unsqueeze(-1) * w).sum(0).to(values.dtype)  # (B, T, D)
 
     def subset(self, keep: Sequence[int]) -> "AttnRes":

@@ -161,7 +161,8 @@ def attention_weights(q, k, attn_mask, is_causal, scale, cap=None, sink=None) ->
     # softmax over [cap(s), sink] without the sink's column, both (B, H, Tq, S), in at least fp32: what
     # SDPA (or explicit_attention) computes without handing them out. cap None: no cap; sink None: none.
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    s = widened(q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, S)
+    with torch.autocast(q.device.type, enabled=False):  # fp32 logits as SDPA's kernels keep them (autocast
+        s = widened(q) @ widened(k).transpose(-2, -1) * scale  # would form the product in bf16): (B, H, Tq, S)
     B, H, Tq, S = s.shape
     z = s if cap is None else softcap(s, cap)
     if is_causal or attn_mask is not None:
