@@ -229,3 +229,9 @@ def test_a_bad_fewer_steps_claim_is_one_line_naming_its_key(tmp_path, change, ke
         load_study(str(write_study_file(tmp_path, [c])))
     assert f": {key}: " in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
 
+
+def test_the_stability_study_judges_ngpt_on_steps_to_pre_ln_loss():
+    c = next(c for c in load_study("stability").claims if c.id == "ngpt_fewer_steps")
+    assert (c.kind, c.better, c.than, c.metric, c.margin, c.interval) == ("fewer_steps", "ngpt", "pre_ln", "valid_loss",
+                                                                          1.5, "t")
+    assert c.carried_from == "language models" and "factor of 4 to 20" in c.paper
