@@ -235,3 +235,23 @@ def test_the_stability_study_judges_ngpt_on_steps_to_pre_ln_loss():
     assert (c.kind, c.better, c.than, c.metric, c.margin, c.interval) == ("fewer_steps", "ngpt", "pre_ln", "valid_loss",
                                                                           1.5, "t")
     assert c.carried_from == "language models" and "factor of 4 to 20" in c.paper
+
+
+def test_a_study_readme_and_the_index_carry_the_claim(tmp_path):
+    """The README a study writes (claims.json, the claims table, the lock) and the index row built from it."""
+    from normlab.study.index import update_index
+    from normlab.study.readme import write_study
+
+    study = load_study(str(write_study_file(tmp_path, [CLAIM], extra=PLATEAU)))
+    out = tmp_path / "experiments" / "s"
+    for seed, steps in ((1, 1250), (2, 1000), (3, 1000)):
+        run(out, "a", seed, a_curve(steps)), run(out, "b1", seed, B_CURVE)
+    by_arm = load_records(out)
+    readme = write_study(study, by_arm, judge(study, by_arm, None), out, "normlab-study s").read_text()
+    assert "| speed-up ×2.32 [1.69, 3.20] (s1 ×2.00, s2 ×2.50, s3 ×2.50) | — | **held** |" in readme
+    lock = json.loads((out / "claims.lock.json").read_text())["fast"]
+    assert lock["fixed"]["margin"] == 1.5 and lock["verdict"] == "held"
+    index = tmp_path / "experiments" / "README.md"
+    update_index(index)
+    assert "| speed-up ×2.32 [1.69, 3.20] (s1 ×2.00, s2 ×2.50, s3 ×2.50) | t on log speed-ups, 3 seeds, df 2.0; " \
+           "margin ×1.5 | **held** |" in index.read_text()
