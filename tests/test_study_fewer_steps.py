@@ -53,7 +53,7 @@ def run(out, arm, seed, points, status="completed", plateau=1999):
     (d / "metrics.csv").write_text("\n".join(rows) + "\n")
 
 
-def judged(tmp_path, a_curves: list, b_curves=None, claims=(CLAIM,), extra=PLATEAU, a_plateau=1999):
+def judged(tmp_path, a_curves: list, b_curves=None, claims=(CLAIM,), extra=PLATEAU, a_plateau=1999, b_plateau=1999):
     study = load_study(str(write_study_file(tmp_path, list(claims), extra=extra)))
     out = tmp_path / "out"
     for seed, points in enumerate(a_curves, 1):
@@ -61,7 +61,7 @@ def judged(tmp_path, a_curves: list, b_curves=None, claims=(CLAIM,), extra=PLATE
             run(out, "a", seed, points, plateau=a_plateau)
     for seed, points in enumerate(b_curves or [B_CURVE] * len(a_curves), 1):
         if points is not None:
-            run(out, "b1", seed, points)
+            run(out, "b1", seed, points, plateau=b_plateau)
     return {v.claim.id: v for v in judge(study, load_records(out), None)}["fast"]
 
 
@@ -171,6 +171,14 @@ def test_budget_bound_when_a_stopped_early_still_improving(tmp_path):
     assert v.speedup["seeds"][3]["state"] == "never" and v.verdict == "inconclusive"
     # without the study's plateau rule nothing is known to be improving: never, not budget-bound
     assert judged(tmp_path / "3", [short, short], a_plateau=None, extra="").verdict == "contradicted"
+
+
+def test_b_still_improving_at_its_cap_sets_the_target_where_it_stopped(tmp_path):
+    # the claim is judged at B's budget (the paper's baseline ran to its budget too): not budget-bound
+    v = judged(tmp_path, [a_curve(1250), a_curve(1000), a_curve(1000)], b_plateau=None)
+    assert v.verdict == "held" and "b1 still improving when it stopped on seeds 1, 2, 3: the target is its " \
+        "valid_loss there (at its budget)" in v.note
+    assert "still improving" not in judged(tmp_path / "p", [a_curve(1250), a_curve(1000)]).note
 
 
 def test_one_paired_seed_needs_two(tmp_path):
