@@ -6,8 +6,8 @@ both arms ran to completion, as every comparison pairs them: claims.py), on the 
 validation curve of metrics.csv (valid_loss by default; lower is better):
 
 - target(s): B's value at its last validation, where B stopped (its plateau, or its cap: a B still
-  improving at its cap sets the target where it stopped, the loss at B's budget, as the paper compares
-  at its baseline's budget; the note names such seeds).
+  improving at its cap sets the target where it stopped, the loss at B's budget, and the speed-up is to
+  that loss, not to a converged one; not budget-bound, and the note names such seeds).
 - steps_X(s): the steps arm X trained until its curve first reached the target (<= it), linear
   between the validation before and the first one at or below it (metrics.csv steps are 0-based: a
   validation at step 499 is after 500 steps). The same rule for both arms: B's steps are those it took
