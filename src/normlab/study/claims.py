@@ -46,6 +46,9 @@ Outcomes (how the runs ended):
 LR sensitivity (lr_sensitivity: A less sensitive to the learning rate than B), from the two arms'
 screens, one seed each: `held` when A's is lower by at least the claim's margin, `contradicted` when
 higher by at least it, else `inconclusive` (study/lr_sensitivity.py has the definition and the rule).
+Steps to a loss (fewer_steps: A reaches B's last validation loss at least `margin` times sooner), per
+paired seed from the two runs' metrics.csv curves: `held` / `contradicted` when the t interval of the
+log speed-ups lies at or above / below log(margin) (study/fewer_steps.py has the definition and rule).
 A best_of side stands for the candidate arm with the best mean validation metric (never the test
 metric the claim judges) among those with the fewest seeds that failed to train, chosen before the
 comparison.
@@ -85,6 +88,7 @@ class Verdict:
     needs: int | None = None          # inconclusive: the paired seeds that would decide it
     bar: dict | None = None           # trains with a reference: the bar's two criteria
     sensitivity: dict | None = None   # lr_sensitivity: arm -> its screen's (study/lr_sensitivity.py)
+    speedup: dict | None = None       # fewer_steps: {margin, metric, seeds: {seed: ...}} (study/fewer_steps.py)
 
     def as_dict(self) -> dict:
         iv, ck = self.interval, self.check
@@ -98,7 +102,8 @@ class Verdict:
                 "test_set_check": None if ck is None else {"mean": ck.diff, "low": ck.low, "high": ck.high,
                                                            "method": ck.method, "se": ck.se, "decides": False},
                 "budget_bound": self.improving or None, "needs_seeds": self.needs, "trains_bar": self.bar,
-                **({"lr_sensitivity": self.sensitivity, "margin": self.claim.margin} if self.sensitivity else {})}
+                **({"lr_sensitivity": self.sensitivity, "margin": self.claim.margin} if self.sensitivity else {}),
+                **({"fewer_steps": self.speedup, "margin": self.claim.margin} if self.speedup else {})}
 
 
 def statuses(records: list[Record]) -> dict[str, int]:
@@ -150,8 +155,9 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     if claim.kind == "lr_sensitivity":
         return on_sensitivity(claim, a, b, by_arm, screens or {})
     ma, mb = claim.metric, claim.than_metric or claim.metric
-    A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and r.metric(ma) is not None}
-    B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and r.metric(mb) is not None}
+    steps = claim.kind == "fewer_steps"  # its metric a curve (metrics.csv), not a results.json score
+    A = {r.seed: r for r in by_arm.get(a, []) if r.status in SCORED and (steps or r.metric(ma) is not None)}
+    B = {r.seed: r for r in by_arm.get(b, []) if r.status in SCORED and (steps or r.metric(mb) is not None)}
     v = Verdict(claim, "not run", a, b, statuses={a: statuses(by_arm.get(a, [])), b: statuses(by_arm.get(b, []))},
                 means={a: _mean([r.metric(ma) for r in A.values()]), b: _mean([r.metric(mb) for r in B.values()])},
                 note="; ".join(n for n in (note_a, note_b) if n))
@@ -165,6 +171,12 @@ def judge_one(study: Study, claim: Claim, by_arm: dict[str, list[Record]], refs:
     if set(A) != set(B):  # an arm with extra seeds: the claim pairs the seeds both ran
         v.means = {a: _mean([A[s].metric(ma) for s in seeds]), b: _mean([B[s].metric(mb) for s in seeds])}
         notes.append(f"paired on seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}")
+    if steps:  # its own budget-bound rule: the seeds A stopped early while improving (study/fewer_steps.py)
+        from normlab.study.fewer_steps import decide as decide_steps
+
+        v.note = "; ".join(n for n in [*notes, *decide_steps(study, v, [A[s] for s in seeds],
+                                                                [B[s] for s in seeds], MAX_SEEDS)] if n)
+        return v
     notes += decide(study, v, [A[s] for s in seeds], [B[s] for s in seeds], by_arm, refs)
     if study.plateau is not None:
         v.improving, unknown = improving(study, {a: [A[s] for s in seeds], b: [B[s] for s in seeds]})

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 DEFINITION = ("kind", "margin", "better", "than", "metric", "than_metric", "direction")
+MARGIN_KINDS = ("similar", "no_worse", "lr_sensitivity", "fewer_steps")  # the kinds whose verdict reads `margin`
 
 # The verdict rules a verdict was given under: a lock entry written before they were recorded was
 # judged by the first ones. A verdict that moves under an unchanged definition is kept in the entry's
@@ -36,7 +37,7 @@ RULES_TEXT = {
 def definition(claim) -> dict:
     """What decides a claim's verdict (margin only where the kind reads it)."""
     d = {k: getattr(claim, k) for k in DEFINITION}
-    if d["kind"] not in ("similar", "no_worse", "lr_sensitivity"):
+    if d["kind"] not in MARGIN_KINDS:
         d.pop("margin")
     if getattr(claim, "cap", None) is not None:  # lr_sensitivity's ℓ0 (no claim fixed before it has one)
         d["cap"] = claim.cap
@@ -138,7 +139,7 @@ def same_kind_across_studies(studies) -> list[str]:
     bad = []
     for study in studies:
         for c in study.claims:
-            key = (c.kind, c.margin if c.kind in ("similar", "no_worse", "lr_sensitivity") else None)
+            key = (c.kind, c.margin if c.kind in MARGIN_KINDS else None)
             if c.id in seen and seen[c.id][1] != key:
                 bad.append(f"{c.id}: {seen[c.id][0]} judges it as {seen[c.id][1][0]}, {study.name} as {key[0]}")
             seen.setdefault(c.id, (study.name, key))

@@ -31,11 +31,12 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from normlab.errors import UserError
+from normlab.study.fewer_steps import check_claim
 from normlab.study.screen import Screen, load_screen
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
 INTERVALS = ("bootstrap", "t")
-KINDS = ("compare", "similar", "no_worse", "fails", "trains", "lr_sensitivity")
+KINDS = ("compare", "similar", "no_worse", "fails", "trains", "lr_sensitivity", "fewer_steps")
 # Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
 # test of the machinery in seconds, never a result.
 SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
@@ -80,9 +81,10 @@ class Claim:
                                  # variance, and its README shows the sentence bootstrap as a test-set
                                  # check; t: the seeds alone (claims.py)
     kind: str = "compare"   # compare: A better than B; similar: |A - B| < margin; fails: A diverges or
-                            # stalls; trains: A completes
+                            # stalls; trains: A completes; fewer_steps: A reaches B's last loss margin x sooner
     than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
     margin: float = 1.0     # similar, no_worse: the largest difference the paper would call "about as good"
+                            # (fewer_steps: the smallest speed-up factor, > 1, required)
     direction: str | None = None  # higher | lower is better; default: lower for loss / nll / ppl
     paper_effect: str | None = None  # the paper's own effect for the comparison the arms make, e.g.
                                      # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
@@ -274,7 +276,8 @@ def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
     if c.kind in ("similar", "no_worse", "lr_sensitivity") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
                                                  and c.margin > 0):
         raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
-    for side in (c.better, c.than) if c.kind in ("compare", "similar", "no_worse", "lr_sensitivity") else (c.better,):
+    c = check_claim(c, at, node) if c.kind == "fewer_steps" else c  # a speed-up margin, a curve (study/fewer_steps.py)
+    for side in (c.better, c.than) if c.kind not in ("fails", "trains") else (c.better,):
         if side not in arms and side not in best_of:
             raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
     if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):

@@ -3,6 +3,10 @@ claim (experiments/README.md), both written from a verdict's claims.json entry (
 as_dict), so the two say the same; an entry written before the seed-level interval still reads."""
 from __future__ import annotations
 
+import math
+
+from normlab.study.fewer_steps import seed_text
+
 CLAIMS_HEADER = ["| claim | source | paper | ours: A − B, 95% seed interval (decides) | "
                  "test-set check (per-run, sentences; does not decide) | verdict |", "|---|---|---|---|---|---|"]
 
@@ -19,7 +23,11 @@ CLAIMS_TEXT = (
     "the arm ended outside the study's bar against its reference arm. LR sensitivity (Wortsman et al. 2023): the "
     "mean over a screen's learning rates of its loss, capped at ℓ0 = ln V, minus the best; one screen per arm on "
     "one seed has no seed variance, so the verdict is the margin fixed in the claim before the screens ran "
-    "(held: lower by at least it; contradicted: higher by at least it; else inconclusive).")
+    "(held: lower by at least it; contradicted: higher by at least it; else inconclusive). Steps to a loss "
+    "(fewer_steps): per paired seed, B's steps to its last validation loss over A's steps to the same loss "
+    "(linear between validations; ≥: A was there by its first validation, a lower bound; `never`: A did not "
+    "get there, below the margin), shown as the geometric mean with its t interval on the log speed-ups: held "
+    "when the interval lies at or above the claim's margin, contradicted when below it.")
 
 INDEX_HEADER = ["| study | claim (A vs B, metric) | source | paper | paper's effect | ours: A − B (95% interval) | "
                 "interval (decides) | verdict |", "|---|---|---|---|---|---|---|---|"]
@@ -79,6 +87,18 @@ def sensitivity_cell(c: dict) -> str:
     return f"{c['better']} {a:.3f}, {c['than']} {b:.3f} nats (A − B {a - b:+.3f})"
 
 
+def steps_cell(c: dict) -> str:
+    """`speed-up ×2.01 [1.22, 3.31] (s1 ×2.10, s2 ×1.80, s3 ×2.20)`: the geometric mean and its interval
+    (from the log speed-ups), and each seed's."""
+    seeds = list(((c.get("fewer_steps") or {}).get("seeds") or {}).values())
+    if not seeds:
+        return status_text(c.get("statuses") or {})
+    d = c.get("difference")
+    head = "" if not d else f" ×{math.exp(d['mean']):.2f} " + (
+        f"[{math.exp(d['low']):.2f}, {math.exp(d['high']):.2f}]" if d.get("low") is not None else "[no interval]")
+    return f"speed-up{head} ({', '.join(seed_text(r) for r in seeds)})"
+
+
 def ours_cell(c: dict) -> str:
     """The seed-level interval and its method; an outcome's statuses (and bar); LR sensitivities; else
     the statuses."""
@@ -86,6 +106,8 @@ def ours_cell(c: dict) -> str:
         return outcome_cell(c)
     if c.get("kind") == "lr_sensitivity":
         return sensitivity_cell(c)
+    if c.get("kind") == "fewer_steps":
+        return steps_cell(c)
     d = c.get("difference")
     if not d:
         return status_text(c.get("statuses") or {})
@@ -107,6 +129,12 @@ def method_cell(c: dict) -> str:
         return (f"one screen each (seed {', '.join(map(str, seeds))}), " if seeds else "one screen each, ") + \
             f"margin {c.get('margin', '—')} nats: no interval"
     d = c.get("difference")
+    if c.get("kind") == "fewer_steps":
+        margin = f"margin ×{c.get('margin', '—')}"
+        if not d or d.get("df") is None:
+            return margin + (": no interval" if d else "")
+        n = d.get("paired_seeds")
+        return f"t on log speed-ups, {n} seed{'s' if n != 1 else ''}, df {d['df']:.1f}; {margin}"
     if not d:
         return "—"
     n = d.get("paired_seeds")
@@ -126,6 +154,7 @@ def who(c: dict) -> str:
 def claim_cell(c: dict) -> str:
     """The claim, its arms and metric, and where the paper showed it when not on translation."""
     metric = "LR sensitivity" if c.get("kind") == "lr_sensitivity" else c["metric"]
+    metric = f"steps to {c['than']}'s last {metric}" if c.get("kind") == "fewer_steps" else metric
     return (f"{c['claim']} ({who(c)}, {metric})"
             + (f" [carried from {c['carried_from']} to MT]" if c.get("carried_from") else ""))
 
@@ -146,7 +175,7 @@ def claims_lines(claims: list[dict]) -> list[str]:
 
 
 def index_row(study: str, folder: str, c: dict) -> str:
-    ours = interval_text(c["difference"]) if c.get("difference") else (
+    ours = interval_text(c["difference"]) if c.get("difference") and c.get("kind") != "fewer_steps" else (
         f"{c['better']}: {outcome_cell(c, 'not run')}" if c.get("kind") in ("fails", "trains") else ours_cell(c))
     return (f"| [{study}]({folder}/) | {claim_cell(c)} | {c['source']} | {c['paper']} | "
             f"{c.get('paper_effect') or '—'} | {ours} | {method_cell(c)} | {verdict_word(c)} |")
