@@ -327,3 +327,25 @@ def test_mixed_precision_runs_the_sink_mask_and_the_capped_softmax(dtype):
         half = model(src, src)
     assert half.dtype == dtype
     torch.testing.assert_close(half.float(), full, atol=0.05, rtol=0.05)
+
+
+def test_capped_logits_and_attnres_depth_logits_stay_fp32_under_bf16_autocast():
+    """Autocast casts a matmul to bf16 even on fp32 operands: the capped path's logits (which SDPA's kernels
+    keep in fp32) and AttnRes's depth logits were 0.085 off against fp64 that way (review)."""
+    from normlab.model.aggregation import AttnRes
+    from normlab.model.stability import attention_weights
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 2, 5, 16, generator=g) * 3 for _ in range(2))
+    exact = (q.double() @ k.double().transpose(-2, -1)) / 4.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s, _ = attention_weights(q, k, None, False, None, cap=50.0)
+    assert s.dtype == torch.float32 and (s.double() - exact).abs().max() < 1e-4
+    agg = AttnRes(3, 16)
+    with torch.no_grad():
+        agg.query.normal_(generator=g)
+    sources = [torch.randn(2, 5, 16, generator=g) for _ in range(3)]
+    want = agg.attend(2, [x.double() for x in sources])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = agg.attend(2, sources)
+    assert (got.double() - want).abs().max() < 1e-5
