@@ -36,7 +36,10 @@ def test_observatory_means_average_the_heads_then_the_stack_blocks():
     assert r.metric("obs.all.sink") == pytest.approx((0.2 + 0.7 + 0.2) / 3)
     assert r.metric("obs.dec.kurtosis") == pytest.approx(4.0) and r.metric("obs.all.kurtosis") == pytest.approx(3.2)
     assert r.metric("obs.enc.max_logit") == 5.0 and r.metric("obs.enc.out_rms") is None
-    for bad in ("obs.mid.sink", "obs.dec", "obs.dec.sink_h"):
+    assert r.metric("obs.dec.self_attn.sink") == pytest.approx(0.7)  # one kind of sub-layer
+    assert r.metric("obs.dec.cross_attn.sink") == pytest.approx(0.2) and r.metric("obs.all.ffn.kurtosis") == \
+        pytest.approx(4.5)
+    for bad in ("obs.mid.sink", "obs.dec", "obs.dec.sink_h", "obs.dec.mlp.sink", "obs.dec.self_attn.sink.x"):
         assert r.metric(bad) is None
     assert rec({}).metric("obs.dec.sink") is None  # a run without the observatory
 

@@ -23,7 +23,7 @@ class Record:
     def metric(self, name: str) -> float | None:
         """A results.json score, a pruned model's (prune.<strategy>.r<kept>.<column>), a logged series'
         value at the end of training (end.<series>, e.g. end.train_nll), the observatory's mean of a
-        statistic over a stack's blocks (obs.<stack>.<statistic>), or a number inside results.json
+        statistic over a stack's blocks (obs.<stack>[.<sub-layer>].<statistic>), or a number inside results.json
         at a dotted path (observatory.step)."""
         if name.startswith("prune."):
             return self.prune_metric(name)
@@ -123,22 +123,32 @@ def dotted(node, path: str):
     return None
 
 
-# obs.<stack>.<statistic>: results.json `observatory` ({"step": N, "layers": {block: {statistic: v}}},
-# callbacks/observatory.py) as one number per run: the mean over the stack's blocks (enc, dec, or all)
-# that measured the statistic; a per-head statistic (sink_h0, sink_h1, ...: `sink`) is first averaged
-# over the heads. E.g. obs.dec.sink (decoder attention sink rate), obs.all.kurtosis (excess kurtosis of
-# the residual stream).
+# obs.<stack>[.<sub-layer>].<statistic>: results.json `observatory` ({"step": N, "layers": {block:
+# {statistic: v}}}, callbacks/observatory.py) as one number per run: the mean over the stack's blocks (enc,
+# dec, or all), of one kind of sub-layer if named (self_attn, cross_attn, ffn), that measured the statistic;
+# a per-head statistic (sink_h0, sink_h1, ...: `sink`) is first averaged over the heads. E.g.
+# obs.dec.self_attn.sink (the decoder's self-attention sink rate: in cross-attention key 0 is the first
+# source token, not the sink Qiu et al. 2025 measure), obs.all.kurtosis (excess kurtosis of the stream).
 STACKS = ("enc", "dec", "all")
+SUBLAYERS = ("self_attn", "cross_attn", "ffn")
 
 
 def observatory_mean(obs, name: str) -> float | None:
-    _, stack, stat = (name.split(".", 2) + ["", ""])[:3]
+    parts = name.split(".")[1:]
+    if len(parts) == 2:
+        (stack, stat), sub = parts, None
+    elif len(parts) == 3 and parts[1] in SUBLAYERS:
+        stack, sub, stat = parts
+    else:
+        return None
     layers = obs.get("layers") if isinstance(obs, dict) else None
     if stack not in STACKS or not stat or not isinstance(layers, dict):
         return None
     per_block = []
     for block, stats in layers.items():
         if stack != "all" and not str(block).startswith(stack + ".") or not isinstance(stats, dict):
+            continue
+        if sub is not None and not str(block).endswith("." + sub):
             continue
         values = [_number(v) for k, v in stats.items() if k == stat or (k.startswith(stat + "_h") and k[len(stat) + 2:].isdigit())]
         values = [v for v in values if v is not None]
