@@ -176,7 +176,7 @@ class Seq2SeqModule(L.LightningModule):
             t = torch.tensor(float(ntok), device=loss.device)
             dist.all_reduce(t)
             norm = t.clamp(min=1.0) / dist.get_world_size()
-        return {"loss": loss / norm, "token_loss": watched / n} if z else loss / norm
+        return {"loss": loss / norm, "token_loss": watched / norm} if z else loss / norm  # as the guards read it without z
 
     def _attached_trainer(self):
         """The Trainer this module is attached to, or None (Lightning's public `trainer` raises then)."""
