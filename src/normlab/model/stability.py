@@ -44,9 +44,9 @@ class AttentionGate(nn.Module):
     # and projected, X the input the attention's queries were computed from (the normalised hidden
     # state in a pre-norm layer; in cross-attention the decoder side, never the memory). headwise: one
     # gate per head (W_θ: d → H, shared by the head's Dh channels); elementwise: one per channel (d → H·Dh).
-    # No bias, as the formula. W_θ starts at 0, so every gate starts at σ(0) = ½: x-transformers'
-    # gate_values (LoRALinear without a rank: a bias-less Linear, init_zero_) does so; the paper does not
-    # state an init. A plain parameter, not an nn.Linear: the Xavier pass (initialization.py) leaves it
+    # No bias, as the formula. W_θ starts at 0, so every gate starts at σ(0) = ½ (our choice: the paper
+    # states no init; x-transformers' value gates start at weight 0 with a bias of 10 or 1 in the versions a
+    # review read, i.e. gates near 1 or at σ(1), not ½). A plain parameter, not an nn.Linear: the Xavier pass (initialization.py) leaves it
     # at 0 and draws nothing for it, so a gated model has the same other weights, seed for seed.
     paper = "Qiu et al. 2025, Gated Attention (arXiv 2505.06708)"
 
