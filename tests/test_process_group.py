@@ -159,3 +159,39 @@ def test_a_submitit_task_takes_its_share_of_the_cpus(env, monkeypatch):
     assert pg.divide_threads(4) == 3
     os.environ.pop("OMP_NUM_THREADS")
     assert pg.divide_threads(32) == 1
+
+
+def test_srun_on_the_path_adds_no_line_to_a_refusal(env, tmp_path, monkeypatch, capsys):
+    """A login node has `srun` without a SLURM allocation: Lightning's SLURMEnvironment.detect() warns there,
+    a line before every refusal (review); the launcher is found without calling it."""
+    import os
+
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{srun.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert train_main(["model.d_model=abc", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: model.d_model: "), lines
+
+
+@pytest.mark.parametrize("nodes", ["two", 0, True])
+def test_a_bad_num_nodes_is_left_to_validation(env, nodes):
+    """run_processes read int(num_nodes) before the config was validated: `trainer.num_nodes=two` was a
+    traceback and a failed record instead of validation's one line (review)."""
+    assert pg.run_processes(OmegaConf.create({"devices": 2, "num_nodes": nodes})) is None
+    pg.check(OmegaConf.create({"devices": 2, "num_nodes": nodes}))  # one process: nothing counted
+
+
+def test_a_bad_num_nodes_through_train_py_is_one_line(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert train_main(["trainer.num_nodes=two", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.num_nodes: "), lines
+    assert not (tmp_path / "run" / "results.json").exists()

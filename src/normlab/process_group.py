@@ -50,9 +50,9 @@ def launched() -> Launched | None:
     if env.get("SUBMITIT_LOCAL_JOB_ID") is not None and "SUBMITIT_LOCAL_NTASKS" in env:
         return Launched("submitit", "hydra.launcher.tasks_per_node", int(env["SUBMITIT_LOCAL_NTASKS"]),
                         int(env.get("SUBMITIT_LOCAL_GLOBALID", "0")), submitit_local=True)
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    if SLURMEnvironment.detect() and "SLURM_NTASKS" in env:  # srun, hydra/launcher=slurm (not an interactive shell)
+    # Lightning's SLURMEnvironment.detect() without its call: it warns (a line before any refusal) where
+    # `srun` is on PATH but unused, e.g. a login node (review)
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # srun, launcher=slurm
         return Launched("SLURM", "--ntasks (hydra.launcher.tasks_per_node x nodes)", int(env["SLURM_NTASKS"]),
                         int(env.get("SLURM_PROCID", "0")))
     return None
@@ -61,7 +61,10 @@ def launched() -> Launched | None:
 def run_processes(trainer: Any) -> int | None:
     """The processes the run's trainer config asks for (devices x num_nodes); None where Lightning
     decides (devices auto or -1)."""
-    devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes", 1) or 1)
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    nodes = 1 if nodes is None else nodes
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:  # refused by validation, in one line
+        return None
     if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
         devices = int(devices)
     if isinstance(devices, int) and devices > 0:
@@ -87,7 +90,10 @@ def join(job_name: str | None) -> None:
 def check(trainer: Any) -> None:
     """The launcher's process count is the run's: one process a device (Lightning would stop with a
     traceback, or, under submitit, start its own ranks from each task)."""
-    found, wanted = launched(), run_processes(trainer)
+    found = launched()
+    if found is None:  # one process: nothing to count (and trainer.* not validated yet: a bad value is its line)
+        return
+    wanted = run_processes(trainer)
     if found is not None and wanted is not None and wanted != found.processes:
         raise ConfigError("trainer.devices", f"the run is {wanted} process(es) (trainer.devices x trainer.num_nodes, "
                                              f"one a device), but {found.by} started {found.processes}",
