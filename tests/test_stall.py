@@ -202,3 +202,19 @@ def test_a_continued_ddp_run_takes_back_each_ranks_token_counts():
     assert torch.equal(own_counts(state, 0, 1), c0 + c1)
     assert torch.equal(own_counts(state, 0, 3), c0 + c1) and own_counts(state, 2, 3) is None
     assert torch.equal(own_counts({"counts": c0}, 1, 2), c0)  # a checkpoint from before: rank 0's, as then
+
+
+def test_a_one_process_checkpoint_resumed_on_two_ranks_counts_its_tokens_once():
+    """A checkpoint of one process kept `counts` alone, so each of 2 ranks that resumed it took them: L*
+    counted the first leg twice (review). Its counts are saved by rank too, and rank 0 alone takes them."""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.stall import StallGuard
+
+    guard = StallGuard()
+    guard.counts = torch.tensor([3, 0, 4])
+    ckpt = {"callbacks": {guard.state_key: guard.state_dict()}}
+    guard.on_save_checkpoint(SimpleNamespace(world_size=1), None, ckpt)
+    state = ckpt["callbacks"][guard.state_key]
+    assert torch.equal(own_counts(state, 0, 2), guard.counts) and own_counts(state, 1, 2) is None
+    assert torch.equal(own_counts(state, 0, 1), guard.counts)  # the same process count: its own

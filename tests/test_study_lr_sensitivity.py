@@ -142,6 +142,7 @@ def test_margin_and_cap_are_part_of_the_fixed_definition(tmp_path):
     ({}, "", "claims[0]", "screen whose grid has optim.lr"),
     ({}, "screen:\n  grid: {optim.warmup: [150, 1000]}\n  rungs: [1000]\n", "claims[0]", "optim.lr"),
     ({"kind": "compare"}, SCREEN, "claims[0].cap", "only an lr_sensitivity claim has a cap"),
+    ({}, SCREEN.rstrip("\n") + "\n  by: valid_bleu\n", "screen.by", "reads losses in nats"),  # BLEU read as a loss
 ])
 def test_a_bad_lr_sensitivity_claim_is_one_line_naming_its_key(tmp_path, change, extra, key, words):
     c = {k: v for k, v in {**CLAIM, **change}.items() if v is not None}

@@ -244,7 +244,7 @@ class StallGuard(L.Callback):
         # rank's counts go in beside it (one gather; every rank saves), so that a continued DDP run
         # sums the counts an uninterrupted one sums (L*, results.json's input_independent_loss)
         state = checkpoint.get("callbacks", {}).get(self.state_key)
-        if state is not None and trainer.world_size > 1:
+        if state is not None:  # one process too: resumed on N ranks, rank 0 alone takes them (not every rank)
             state["counts_by_rank"] = gather(None if self.counts is None else self.counts.cpu(), trainer.world_size)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:

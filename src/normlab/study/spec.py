@@ -354,6 +354,9 @@ def _sensitivity_screen(screen: Screen | None, claims: list[Claim], arms: dict[s
         if screen is None or "optim.lr" not in dict(screen.grid):
             raise UserError(f"{where}: claims[{i}]", "an lr_sensitivity claim reads the screens: the study needs a "
                             "screen whose grid has optim.lr")
+        if screen.by not in ("valid_loss", "valid_nll"):  # a loss in nats, capped at ln V: not BLEU, not ppl
+            raise UserError(f"{where}: screen.by", f"{screen.by}: claim {c.id!r} (lr_sensitivity) reads losses in "
+                            "nats", ["valid_loss", "valid_nll"])
         for side in (c.better, c.than):
             if not arms[side].screen:
                 raise UserError(f"{where}: arms.{side}.screen", f"false, but claim {c.id!r} reads its screen")
