@@ -161,6 +161,7 @@ def test_a_submitit_task_takes_its_share_of_the_cpus(env, monkeypatch):
     assert pg.divide_threads(32) == 1
 
 
+@pytest.mark.integration
 def test_srun_on_the_path_adds_no_line_to_a_refusal(env, tmp_path, monkeypatch, capsys):
     """A login node has `srun` without a SLURM allocation: Lightning's SLURMEnvironment.detect() warns there,
     a line before every refusal (review); the launcher is found without calling it."""
@@ -187,6 +188,7 @@ def test_a_bad_num_nodes_is_left_to_validation(env, nodes):
     pg.check(OmegaConf.create({"devices": 2, "num_nodes": nodes}))  # one process: nothing counted
 
 
+@pytest.mark.integration
 def test_a_bad_num_nodes_through_train_py_is_one_line(env, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
