@@ -71,6 +71,7 @@ def test_two_process_final_scores_equal_one_process_scoring_the_checkpoints(smal
     check_independent(run_dir, results, cfg, rel=1e-12)
 
 
+@pytest.mark.slow  # make test: the subset in one process (test_valid_subset.py) and the ranks' shards combined (the final-scores test above)
 def test_two_process_validation_bleu_on_a_subset(small_corpus, tmp_path):
     """eval.valid_subset under DDP: the subset's batches are sharded over the ranks as the whole set's
     are (an odd count: a repeated batch must count once), and each validation logs the subset's BLEU

@@ -135,6 +135,7 @@ def test_submitit_local_with_two_tasks_is_the_same_run(lightning_ddp, small_corp
     assert "GLOBAL_RANK: 1" in (run_dir / "train_ddp_process_1.log").read_text()
 
 
+@pytest.mark.slow  # make test: each engine's run equal to Lightning's (above) and a paused run continued exactly under one engine (test_runs_survive.py); make test-slow runs the cross-engine leg
 def test_a_run_stopped_under_torchrun_continues_under_submitit(lightning_ddp, small_corpus):
     """Paused after step 4 under torchrun (a full checkpoint after the validation at step 3), the
     same overrides under submitit continue it in its folder: equal to the uninterrupted run, the

@@ -23,6 +23,7 @@ def test_slurm_launcher_config_follows_the_trainer():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # make test: a multirun through submitit_local in test_engines.py (2 tasks) and test_run_lock.py (a refused job)
 def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):
     args = [o for o in tiny_overrides(small_corpus, tmp_path / "unused", tmp_path / "cache")
             if not o.startswith("++run_dir")] + [

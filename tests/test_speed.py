@@ -147,6 +147,7 @@ def test_foreach_adam_on_cpu_is_the_default_loop_bit_for_bit(weight_decay):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # model.compile is off by default (0.18-0.77x per run on this CPU: benchmarks/README.md); make test-slow
 def test_compiled_model_trains_like_the_eager_one_and_reports_compile_time(small_corpus, tmp_path):
     # aot_eager traces forward and backward as inductor does, without its minutes of C++ builds.
     eager, _ = _run(small_corpus, tmp_path / "eager")
