@@ -132,6 +132,7 @@ def scores(results: dict) -> dict:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # make test: a signal while scoring (the Ctrl-C test above) and SIGUSR1's requeue on SLURM (test_runs_survive.py)
 def test_sigusr1_while_scoring_requeues_on_slurm_and_the_rerun_scores_it(small_corpus, tmp_path):
     """SLURM's time-limit warning (SIGUSR1) while a real run decodes its test set: the run is recorded
     `interrupted` without scores, the job requeued, the process exits 138 (was: killed by the signal,
