@@ -201,16 +201,13 @@ def test_study_runs_survives_sigterm_and_skips_what_it_recorded(tmp_path):
 
 
 @pytest.mark.integration
-def test_output_change_probe_study(tmp_path, capsys, monkeypatch):
+def test_output_change_probe_study(tmp_path):
     """The probe study: a record per arm and seed whose growth is the log-log slope (with two depths:
     log(change at N_max / at N_min) / log(N_max / N_min)),
-    each cell's spread over seeds in the README, and a rerun that measures nothing. The command's main in
-    this process (its console script: the other tests here)."""
-    from normlab.commands.study import main
-
-    monkeypatch.chdir(ROOT)
+    each cell's spread over seeds in the README, and a rerun that measures nothing."""
     args = ["output_change", "study.budget=smoke", "--out", str(tmp_path / "out")]
-    assert main(args) == 0, capsys.readouterr()
+    r = run_study(args)
+    assert r.returncode == 0, r.stdout + r.stderr
     recs = load_records(tmp_path / "out")
     study = load_study("output_change", "smoke")
     assert sorted(recs) == sorted(study.arms) and all(len(v) == 2 for v in recs.values())
@@ -226,8 +223,8 @@ def test_output_change_probe_study(tmp_path, capsys, monkeypatch):
     assert "| Admin | `model.norm.placement=post model.init=admin` | completed 2 |" in readme  # what the arm ran
     assert (tmp_path / "out" / "output_change.png").is_file()
     assert len(json.loads((tmp_path / "out" / "claims.json").read_text())["claims"]) == len(study.claims)
-    capsys.readouterr()
-    assert main(args) == 0 and f"{len(study.arms) * len(study.seeds)} probes, 0 to run" in capsys.readouterr().out
+    r = run_study(args)
+    assert r.returncode == 0 and f"{len(study.arms) * len(study.seeds)} probes, 0 to run" in r.stdout
 
 
 PRUNE_STUDY = """
