@@ -68,3 +68,58 @@ def test_module_optimizer_follows_the_schedule(schedule):
         assert opt.param_groups[0]["lr"] == pytest.approx(2e-3 * lr_factor(schedule, step, 4))
         opt.step()
         sched.step()
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_decaying_schedules_warm_up_then_reach_zero_at_the_last_step(schedule):
+    # the ramp as every schedule's, then fairseq's cosine (min_lr 0) or polynomial_decay (power 1, end 0)
+    assert [lr_factor(schedule, s, 100, 600) for s in (1, 50, 100)] == [0.01, 0.5, 1.0]
+    assert lr_factor(schedule, 600, 100, 600) == pytest.approx(0.0, abs=1e-15)
+    assert lr_factor(schedule, 700, 100, 600) == pytest.approx(0.0, abs=1e-15)  # past the horizon: stays at 0
+    half = lr_factor(schedule, 350, 100, 600)  # halfway through the decay
+    assert half == pytest.approx(0.5)          # cos(pi/2) = 0: both are at half the peak there
+    quarter = lr_factor(schedule, 225, 100, 600)
+    assert quarter == pytest.approx((1 + math.cos(math.pi / 4)) / 2 if schedule == "cosine" else 0.75)
+    assert lr_factor(schedule, 1, 0, 10) == 1.0  # no warmup: the peak at step 1, 0 at step 10
+    assert lr_factor(schedule, 10, 0, 10) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError):
+        lr_factor(schedule, 5, 1, None)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_module_decays_to_zero_at_the_trainers_max_steps(schedule, monkeypatch):
+    from types import SimpleNamespace
+
+    from normlab.config import ModelConfig
+    from normlab.lit_module import Seq2SeqModule
+    from normlab.settings import EvalSpec, OptimSpec
+
+    cfg = ModelConfig(vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_heads=2,
+                      decoder_heads=2, encoder_ffn=8, decoder_ffn=8)
+    module = Seq2SeqModule(cfg.to_dict(), optim=OptimSpec(lr=2e-3, warmup=2, schedule=schedule), eval=EvalSpec())
+    monkeypatch.setattr(module, "_attached_trainer", lambda: SimpleNamespace(max_steps=10))
+    conf = module.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(10):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([2e-3 * lr_factor(schedule, k, 2, 10) for k in range(1, 11)])
+    assert seen[1] == pytest.approx(2e-3) and seen[-1] == pytest.approx(0.0, abs=1e-18)
+
+
+@pytest.mark.parametrize("steps", [-1, 100])
+def test_a_decaying_schedule_without_steps_after_its_warmup_is_refused(steps):
+    from conftest import compose_cfg
+
+    from normlab.config import ConfigError
+    from normlab.run_config import validated
+
+    cfg = compose_cfg(["optim.schedule=cosine", "optim.warmup=100", f"trainer.max_steps={steps}"])
+    with pytest.raises(ConfigError) as e:
+        validated(cfg)
+    assert str(e.value) == (f"optim.schedule=cosine: it decays to 0 at trainer.max_steps, and trainer.max_steps="
+                            f"{steps} is not after optim.warmup=100 (allowed: trainer.max_steps above optim.warmup, "
+                            "or optim.schedule=inverse_sqrt|constant|inverse_sqrt_hold)")
+    validated(compose_cfg(["optim.schedule=cosine", "optim.warmup=100", "trainer.max_steps=101"]))

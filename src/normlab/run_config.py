@@ -10,6 +10,7 @@ from typing import Any, Mapping, NamedTuple
 from normlab.config import (ConfigError, ModelConfig, NormConfig, RegularizerConfig, check, check_bool, check_choice,
                             check_number, check_positive, is_num)
 from normlab.regularizers.rate_schedules import DEFAULT_SCHEDULE
+from normlab.lr_schedule import DECAYING, SCHEDULES as LR_SCHEDULES
 from normlab.settings import EvalSpec, OptimSpec
 
 
@@ -101,6 +102,10 @@ def validated(cfg: Any, choices: Mapping | None = None) -> Validated:
               "a probability in [0, 1)")
     optim, ev = optim_and_eval(cfg)
     _validate_trainer(cfg.trainer)
+    check(optim.schedule not in DECAYING or cfg.trainer.max_steps > optim.warmup, f"optim.schedule={optim.schedule}",
+          f"it decays to 0 at trainer.max_steps, and trainer.max_steps={cfg.trainer.max_steps} is not after "
+          f"optim.warmup={optim.warmup}", f"trainer.max_steps above optim.warmup, or optim.schedule="
+          f"{'|'.join(s for s in LR_SCHEDULES if s not in DECAYING)}")
     callbacks = cfg.get("callbacks") or {}
     _validate_drophead_schedule(callbacks.get("drophead_schedule"), reg.drophead, cfg.trainer.max_steps)
     for key in ("keep_last_n", "every_n_steps"):
