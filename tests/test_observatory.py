@@ -14,6 +14,7 @@ from normlab.model.attention import MultiheadAttention
 from normlab.model.stability import AttentionStability
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.private_api import module_hooks
+from normlab.study.records import STATISTICS
 
 
 def test_rms_and_max_abs_leave_pads_out():
@@ -169,6 +170,10 @@ def test_observe_covers_every_block_and_removes_its_hooks():
     assert set(layers["dec.1.cross_attn"]) == {"rms", "max_abs", "kurtosis", "out_rms", "out_max_abs", "max_logit",
                                                "entropy_h0", "entropy_h1", "sink_h0", "sink_h1"}
     assert set(layers["enc.0.ffn"]) == {"rms", "max_abs", "kurtosis", "out_rms", "out_max_abs"}
+    # the names a study's obs.<stack>.<statistic> claim may read (refused when mistyped) are these, and the
+    # gradient's two the callback adds at a validation
+    measured = {k.rpartition("_h")[0] if k.startswith(("entropy_h", "sink_h")) else k for s in layers.values() for k in s}
+    assert measured | {"grad_norm", "grad_spike"} == set(STATISTICS)
     assert not any(module_hooks(m) for m in model.modules())
     # the residual stream after enc.1.ffn is the encoder's output before its final norm: the real tokens'
     x = model.encoder.embed(src)

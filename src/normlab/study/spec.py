@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 
 from normlab.errors import UserError
 from normlab.study.fewer_steps_check import check_claim
+from normlab.study.records import observatory_name_problem
 from normlab.study.screen import Screen, load_screen
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
@@ -276,6 +277,11 @@ def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
     if c.kind in ("similar", "no_worse", "lr_sensitivity") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
                                                  and c.margin > 0):
         raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
+    for key in ("metric", "than_metric"):  # an observatory name is checked now, not read as "no score" at judging
+        value = getattr(c, key)
+        problem = observatory_name_problem(value) if isinstance(value, str) and value.startswith("obs.") else None
+        if problem:
+            raise UserError(f"{at}.{key}", *problem)
     c = check_claim(c, at, node) if c.kind == "fewer_steps" else c  # a speed-up margin, a curve (study/fewer_steps_check.py)
     for side in (c.better, c.than) if c.kind not in ("fails", "trains") else (c.better,):
         if side not in arms and side not in best_of:
