@@ -24,7 +24,7 @@ the key before any run starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,15 +193,14 @@ def load_study(name: str, budget: str = "full") -> Study:
         extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
     prune_extra = dict((budgets.get(budget) or {}).get("prune") or (SMOKE_PRUNE if budget == "smoke" else {}))
     plots = raw.get("plots") or {}
+    screen = _sensitivity_screen(_screen(raw, budgets.get(budget) or {}, where, seeds, kind), claims, arms, where)
     return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
                  question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
                  common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=_sensitivity_screen(
-                     _screen(raw, budgets.get(budget) or {}, where, seeds, kind), claims, arms, where),
-                 **_judging(raw, where, arms))
+                 prune_overrides=prune_extra, screen=screen, **_judging(raw, where, arms))
 
 
 def _read(name: str) -> tuple[Path, dict]:
@@ -290,6 +289,8 @@ def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
         raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
     if c.kind == "lr_sensitivity" or c.cap is not None:
         _sensitivity_claim(c, at, arms, "margin" in node)
+    if c.kind == "lr_sensitivity" and "metric" not in node:
+        c = replace(c, metric=None)  # not test_bleu: it reads the screens' metric (set with the screen)
     return c
 
 
@@ -353,7 +354,9 @@ def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | N
 
 
 def _sensitivity_screen(screen: Screen | None, claims: list[Claim], arms: dict[str, Arm], where: str):
-    """The screen, checked for the lr_sensitivity claims: it varies optim.lr and screens both arms."""
+    """The screen, checked for the lr_sensitivity claims: it varies optim.lr and screens both arms.
+    Each such claim's metric becomes the one it reads, the screen's `by` (claims.json, the fixed
+    definition and the README name it); a `metric:` it was given must be that one."""
     for i, c in enumerate(claims):
         if c.kind != "lr_sensitivity":
             continue
@@ -366,6 +369,10 @@ def _sensitivity_screen(screen: Screen | None, claims: list[Claim], arms: dict[s
         for side in (c.better, c.than):
             if not arms[side].screen:
                 raise UserError(f"{where}: arms.{side}.screen", f"false, but claim {c.id!r} reads its screen")
+        if c.metric not in (None, screen.by):
+            raise UserError(f"{where}: claims[{i}].metric", f"{c.metric}: an lr_sensitivity claim reads its arms' "
+                            f"screens, ranked by screen.by", [screen.by])
+        claims[i] = replace(c, metric=screen.by)
     return screen
 
 
