@@ -33,7 +33,7 @@ from normlab.model.schemes import get_scheme
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
-from normlab.private_api import logs_this_step, unscales_in_step
+from normlab.private_api import logs_this_step, pending_loss_scale, unscales_in_step
 from normlab.scoring import num_batches
 from normlab.settings import EvalSpec, OptimSpec
 from normlab.spikes import SpikeGate
@@ -222,7 +222,8 @@ class Seq2SeqModule(L.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """The update's gradient, once, before optimizer.step (issue 38). Lightning calls this last: after
         every callback's and this module's on_before_optimizer_step (the accumulation's normalisation) and
-        after fp16's unscaling, so the norm measured here is the update's own. It is read back once
+        after fp16's unscaling (or divided by the loss scale where the optimizer unscales in its step: fused
+        Adam), so the norm measured here is the update's own. It is read back once
         (TrainStats.grad_norm, the one host sync per update: skipping decides before the step) and every
         reader uses it: a non-finite gradient is dropped (the weights and the optimizer's moments stay as
         they were; the divergence guard ends the run), a spike is skipped (optim.skip_spikes), the clip
@@ -232,6 +233,9 @@ class Seq2SeqModule(L.LightningModule):
         if not grads:
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         norm = torch.nn.utils.get_total_norm(grads)
+        scale = pending_loss_scale(self.trainer.precision_plugin, optimizer)
+        if scale is not None:  # fp16 with fused Adam: still scaled (Lightning did not unscale); the true norm
+            norm = norm / scale  # on the device: still the one host sync below
         value = self.stats.grad_norm = float(norm)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if not math.isfinite(value) and scaler is None:  # fp16's scaler skips an overflow itself
