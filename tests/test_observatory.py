@@ -220,7 +220,7 @@ def test_gradient_norms_under_fp16_loss_scaling_are_the_true_ones(fused):
     if not fused:
         scaler.unscale_(optimizer)  # what Lightning's MixedPrecision does before the hooks
     plugin = SimpleNamespace(scaler=scaler, clip_gradients=lambda *a, **k: None)
-    trainer = SimpleNamespace(precision_plugin=plugin, is_global_zero=True, gradient_clip_val=None,
+    trainer = SimpleNamespace(precision_plugin=plugin, is_global_zero=True, global_step=0, gradient_clip_val=None,
                               gradient_clip_algorithm=None)
     module._trainer = trainer
     observatory = Observatory()
