@@ -15,6 +15,7 @@ from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import parameter_groups
 
+from conftest import cached_and_full
 from test_arms import PAD, V, batch, tiny
 
 NGPT = dict(norm={"type": "none", "placement": "ngpt"}, bias=False)
@@ -184,11 +185,7 @@ def test_cached_decoding_equals_full():
     model = built()
     hand_set_(model, seed=2)
     model.constrain_()
-    src, tgt = batch(1)
-    memory, pad = model.encode(src)
-    full = model.decode(tgt, memory, pad)
-    cache = model.new_cache()
-    steps = torch.cat([model.decode(tgt[:, t:t + 1], memory, pad, cache) for t in range(tgt.size(1))], dim=1)
+    steps, full = cached_and_full(model, *batch(1))
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
 
 
