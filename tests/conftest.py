@@ -195,3 +195,13 @@ def train_here(args: list[str], cwd: Path) -> tuple[int, list[str]]:
 def tree(path: Path) -> dict[str, bytes]:
     """Every file below `path` and its bytes (a run folder before and after a refused command)."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def cached_and_full(model, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the decoder's output for `tgt` one position at a time with the incremental cache, the same in
+    one full forward): equal for every scheme and aggregation whose cached decoding is exact."""
+    memory, pad = model.encode(src)
+    full = model.decode(tgt, memory, pad)
+    cache = model.new_cache()
+    steps = torch.cat([model.decode(tgt[:, t:t + 1], memory, pad, cache) for t in range(tgt.size(1))], dim=1)
+    return steps, full

@@ -9,6 +9,7 @@ from normlab.config import ConfigError
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.regularizers.pruning import prune
 
+from conftest import cached_and_full
 from test_arms import PAD, batch, tiny
 
 
@@ -91,11 +92,7 @@ def test_attnres_on_the_decoder_cached_equals_uncached(block):
     with torch.no_grad():
         for stack in (model.encoder, model.decoder):
             stack.aggregation.query.normal_(generator=torch.Generator().manual_seed(3))
-    src, tgt = batch(1)
-    memory, pad = model.encode(src)
-    full = model.decode(tgt, memory, pad)
-    cache = model.new_cache()
-    steps = torch.cat([model.decode(tgt[:, t:t + 1], memory, pad, cache) for t in range(tgt.size(1))], dim=1)
+    steps, full = cached_and_full(model, *batch(1))
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
 
 

@@ -8,6 +8,7 @@ from normlab.config import ConfigError
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.regularizers.pruning import prune
 
+from conftest import cached_and_full
 from test_arms import PAD, batch, tiny
 
 
@@ -66,11 +67,7 @@ def test_dwa_on_the_decoder_is_per_position_cached_equals_uncached():
     model = built(norm={"placement": "pre"}, layer_aggregation="dwa", layer_aggregation_stacks="decoder")
     with torch.no_grad():
         model.decoder.aggregation.weight.add_(torch.rand(2, 3, generator=torch.Generator().manual_seed(3)))
-    src, tgt = batch(1)
-    memory, pad = model.encode(src)
-    full = model.decode(tgt, memory, pad)
-    cache = model.new_cache()
-    steps = torch.cat([model.decode(tgt[:, t:t + 1], memory, pad, cache) for t in range(tgt.size(1))], dim=1)
+    steps, full = cached_and_full(model, *batch(1))
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 

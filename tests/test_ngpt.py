@@ -15,6 +15,7 @@ from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import parameter_groups
 
+from conftest import cached_and_full
 from test_arms import PAD, V, batch, tiny
 
 NGPT = dict(norm={"type": "none", "placement": "ngpt"}, bias=False)
@@ -184,11 +185,7 @@ def test_cached_decoding_equals_full():
     model = built()
     hand_set_(model, seed=2)
     model.constrain_()
-    src, tgt = batch(1)
-    memory, pad = model.encode(src)
-    full = model.decode(tgt, memory, pad)
-    cache = model.new_cache()
-    steps = torch.cat([model.decode(tgt[:, t:t + 1], memory, pad, cache) for t in range(tgt.size(1))], dim=1)
+    steps, full = cached_and_full(model, *batch(1))
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
 
 
@@ -293,3 +290,44 @@ def test_bf16_autocast_keeps_the_unit_sphere_and_the_depth_softmax_in_fp32(kw):
     torch.testing.assert_close(half.float(), full, atol=0.1, rtol=0.05)
     if kw is NGPT:
         torch.testing.assert_close(memory.float().norm(dim=-1), torch.ones(memory.shape[:-1]), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(NGPT, tie_output_embeddings=False), dict(norm={"placement": "pre"})],
+                         ids=["ngpt", "pre"])
+def test_averaged_checkpoints_are_back_on_the_sphere_and_other_schemes_are_the_plain_mean(kw, tmp_path, monkeypatch):
+    # nGPT's matrices have unit rows (Loshchilov et al. 2025); the mean of two different unit rows is
+    # shorter than 1. The final test's averaged pass and the average command both evaluate the
+    # renormalised mean; a pre-LN model's average is the element-wise mean, bit for bit.
+    from normlab import final_test
+    from normlab.checkpoint import load_checkpoint, load_model, save_model
+    from normlab.commands import average
+    from normlab.commands.common import main_guard
+
+    (tmp_path / "checkpoints").mkdir()
+    paths, states = [], []
+    for i in (1, 2):
+        torch.manual_seed(i)
+        model = Seq2SeqTransformer(tiny(**kw))
+        hand_set_(model, seed=i)
+        model.constrain_()
+        paths.append(save_model(tmp_path / "checkpoints" / f"step{2 * i}.ckpt", model))
+        states.append(load_checkpoint(paths[-1])["state_dict"])
+    mean = {k: ((states[0][k].double() + states[1][k].double()) / 2).to(v.dtype) for k, v in states[0].items()}
+    seen = []
+    monkeypatch.setattr(final_test, "evaluation_pass", lambda out, trainer, module, dm, split, ckpt, **_: seen.append(ckpt))
+    trainer = type("T", (), {"is_global_zero": True, "strategy": type("S", (), {"barrier": lambda self: None})()})()
+    final_test._averaged_test(trainer, None, None, tmp_path, 2)
+    assert main_guard(average.main, [str(p) for p in paths] + ["--output", str(tmp_path / "avg.ckpt")]) == 0
+    for path in (seen[0], tmp_path / "avg.ckpt"):
+        evaluated = load_model(path)[0]
+        if kw["norm"]["placement"] == "ngpt":
+            plain = Seq2SeqTransformer(tiny(**kw))
+            plain.load_state_dict({k[len("model."):]: v for k, v in mean.items()})
+            norms = [w.detach().norm(dim=axis) for _, w, axis in matrices(plain)]
+            assert all(n.lt(1 - 1e-3).any() for n in norms)  # the plain mean is off the sphere
+            assert_unit(evaluated)
+            untied = evaluated.output_projection.untied.weight.detach()
+            torch.testing.assert_close(untied.norm(dim=1), torch.ones(V))
+        else:
+            got = load_checkpoint(path)["state_dict"]
+            assert got.keys() == mean.keys() and all(torch.equal(got[k], mean[k]) for k in mean)

@@ -14,6 +14,7 @@ from normlab.model.attention import MultiheadAttention
 from normlab.model.stability import AttentionStability
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.private_api import module_hooks
+from normlab.study.records import STATISTICS
 
 
 def test_rms_and_max_abs_leave_pads_out():
@@ -169,6 +170,10 @@ def test_observe_covers_every_block_and_removes_its_hooks():
     assert set(layers["dec.1.cross_attn"]) == {"rms", "max_abs", "kurtosis", "out_rms", "out_max_abs", "max_logit",
                                                "entropy_h0", "entropy_h1", "sink_h0", "sink_h1"}
     assert set(layers["enc.0.ffn"]) == {"rms", "max_abs", "kurtosis", "out_rms", "out_max_abs"}
+    # the names a study's obs.<stack>.<statistic> claim may read (refused when mistyped) are these, and the
+    # gradient's two the callback adds at a validation
+    measured = {k.rpartition("_h")[0] if k.startswith(("entropy_h", "sink_h")) else k for s in layers.values() for k in s}
+    assert measured | {"grad_norm", "grad_spike"} == set(STATISTICS)
     assert not any(module_hooks(m) for m in model.modules())
     # the residual stream after enc.1.ffn is the encoder's output before its final norm: the real tokens'
     x = model.encoder.embed(src)
@@ -185,3 +190,44 @@ def test_metric_names_one_section_per_statistic():
     names = metric_names({"enc.3.self_attn": {"entropy_h0": 1.0, "sink_h1": 0.5, "max_logit": 7.0, "kurtosis": 2.0}})
     assert names == {"obs_entropy/enc.3.self_attn.h0": 1.0, "obs_sink/enc.3.self_attn.h1": 0.5,
                      "obs_max_logit/enc.3.self_attn": 7.0, "obs_kurtosis/enc.3.self_attn": 2.0}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused Adam", "foreach Adam"])
+def test_gradient_norms_under_fp16_loss_scaling_are_the_true_ones(fused):
+    """fp16-mixed: the GradScaler multiplies the loss by S. Lightning unscales the gradients before
+    on_before_optimizer_step unless the optimizer unscales inside its own step (fused Adam, the GPU
+    default without clipping); then they still carry S there. The module's update norm, the observatory's
+    per-block norms and the diagnostics' are the ones of the same backward without scaling, either way.
+    (Lightning refuses fp16 on CPU: its two paths are reproduced by hand around the real hooks.)"""
+    from types import SimpleNamespace
+
+    from normlab.callbacks.diagnostics import grad_norms
+    from normlab.callbacks.observatory import Observatory
+    from normlab.lit_module import Seq2SeqModule
+    from normlab.private_api import pending_loss_scale
+    from normlab.settings import EvalSpec, OptimSpec
+
+    module = Seq2SeqModule(_model().cfg.to_dict(), optim=OptimSpec(), eval=EvalSpec())
+    src, tgt = torch.randint(4, 40, (3, 6)), torch.randint(4, 40, (3, 5))
+    module.model(src, tgt).logsumexp(-1).sum().backward()
+    params = list(module.parameters())
+    true_total = torch.cat([p.grad.flatten() for p in params if p.grad is not None]).norm().item()
+    true_blocks = [torch.cat([p.grad.flatten() for p in b.parameters()]).norm().item() for _, b in module.model.residual_blocks()]
+    module.zero_grad(set_to_none=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaler.scale(module.model(src, tgt).logsumexp(-1).sum()).backward()
+    optimizer = torch.optim.Adam(params, **({"fused": True} if fused else {"foreach": True}))
+    if not fused:
+        scaler.unscale_(optimizer)  # what Lightning's MixedPrecision does before the hooks
+    plugin = SimpleNamespace(scaler=scaler, clip_gradients=lambda *a, **k: None)
+    trainer = SimpleNamespace(precision_plugin=plugin, is_global_zero=True, global_step=0, gradient_clip_val=None,
+                              gradient_clip_algorithm=None)
+    module._trainer = trainer
+    observatory = Observatory()
+    observatory.on_before_optimizer_step(trainer, module, optimizer)  # callbacks first, as Lightning calls them
+    diagnostics = grad_norms(module.model, pending_loss_scale(plugin, optimizer))
+    module.configure_gradient_clipping(optimizer, None, None)
+    observatory.on_train_batch_end(trainer, module, None, None, 0)
+    assert module.stats.grad_norm == pytest.approx(true_total, rel=1e-5)
+    assert observatory.grads.report()[0] == pytest.approx(true_blocks, rel=1e-5)
+    assert list(diagnostics.values()) == pytest.approx(true_blocks, rel=1e-5)

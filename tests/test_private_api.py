@@ -194,6 +194,21 @@ def test_a_fused_optimizer_says_it_unscales_in_its_step():
     assert api.unscales_in_step(MuonWithAdamW([{"params": [w]}], [{"params": [v]}], {}, {})) is False
 
 
+def test_the_pending_loss_scale_is_the_scalers_tensor_for_a_fused_optimizer_only():
+    """GradScaler._get_scale_async: the scale as a tensor (no host sync), None before the first scale()."""
+    from types import SimpleNamespace
+
+    v = nn.Parameter(torch.randn(3))
+    fused, foreach = torch.optim.Adam([v], fused=True), torch.optim.Adam([v], foreach=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    plugin = SimpleNamespace(scaler=scaler)
+    assert api.pending_loss_scale(plugin, fused) is None  # nothing scaled yet
+    scaler.scale(v.sum()).backward()
+    scale = api.pending_loss_scale(plugin, fused)
+    assert isinstance(scale, torch.Tensor) and scale.item() == 256.0 and torch.equal(v.grad, torch.full((3,), 256.0))
+    assert api.pending_loss_scale(plugin, foreach) is None and api.pending_loss_scale(SimpleNamespace(), fused) is None
+
+
 def test_saved_last_is_what_model_checkpoint_reads_at_train_end(tmp_path):
     """ModelCheckpoint(save_last=True).on_train_end writes last.ckpt unless this process saved one:
     saved_last marks it saved (a continued run's BestCheckpoint, callbacks/checkpoints.py)."""

@@ -143,12 +143,35 @@ def test_margin_and_cap_are_part_of_the_fixed_definition(tmp_path):
     ({}, "screen:\n  grid: {optim.warmup: [150, 1000]}\n  rungs: [1000]\n", "claims[0]", "optim.lr"),
     ({"kind": "compare"}, SCREEN, "claims[0].cap", "only an lr_sensitivity claim has a cap"),
     ({}, SCREEN.rstrip("\n") + "\n  by: valid_bleu\n", "screen.by", "reads losses in nats"),  # BLEU read as a loss
+    ({"metric": "test_bleu"}, SCREEN, "claims[0].metric", "test_bleu: an lr_sensitivity claim reads its arms' screens, "
+     "ranked by screen.by (allowed: valid_loss)"),
 ])
 def test_a_bad_lr_sensitivity_claim_is_one_line_naming_its_key(tmp_path, change, extra, key, words):
     c = {k: v for k, v in {**CLAIM, **change}.items() if v is not None}
     with pytest.raises(UserError) as e:
         load_study(str(write_study_file(tmp_path, [c], extra=extra)))
     assert key in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("by, given", [("valid_loss", None), ("valid_nll", None), ("valid_nll", "valid_nll")])
+def test_claims_json_names_the_screens_metric_the_claim_reads(tmp_path, by, given):
+    """An lr_sensitivity claim reads its screens' `by` (valid_loss or valid_nll), not the claims' default
+    test_bleu: claims.json and its fixed definition say so; a compare claim beside it keeps its own metric."""
+    from normlab.study.readme import _write_claims
+
+    from study_files import claim
+
+    qk = {**CLAIM, **({"metric": given} if given else {})}
+    study = load_study(str(write_study_file(tmp_path, [qk, claim(id="plain")], extra=SCREEN + f"  by: {by}\n")))
+    out = tmp_path / "out"
+    (out / "screen").mkdir(parents=True)
+    for arm in ("a", "b1"):
+        (out / "screen" / f"{arm}.json").write_text(json.dumps({**at_last([4.0, 3.6, 3.8, 4.4]), "by": by}))
+    verdicts = judge(study, load_records(out), None, load_screens(study, out))
+    _write_claims(study, {}, verdicts, out, {})
+    written = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
+    assert {k: c["metric"] for k, c in written.items()} == {"qk": by, "plain": "test_bleu"}
+    assert written["qk"]["verdict"] == "inconclusive" and definition(study.claims[0])["metric"] == by
 
 
 def test_an_unscreened_arm_cannot_carry_an_lr_sensitivity_claim(tmp_path):

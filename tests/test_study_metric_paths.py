@@ -53,3 +53,26 @@ def test_a_compare_claim_reads_an_observatory_mean(tmp_path):
     v = verdicts(tmp_path, [claim(metric="obs.dec.sink", direction="lower")], rows)["c"]
     assert v.means == {"a": pytest.approx(0.11), "b1": pytest.approx(0.60)}
     assert v.verdict == "held" and v.interval.diff == pytest.approx(-0.49)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("key, metric, message", [
+    ("metric", "obs.dec.self_atn.sink", "'obs.dec.self_atn.sink': 'self_atn' is not a kind of sub-layer of the "
+     "observatory (allowed: self_attn, cross_attn, ffn)"),
+    ("metric", "obs.enc.kurtosiss", "'obs.enc.kurtosiss': 'kurtosiss' is not a statistic of the observatory (allowed: "
+     "rms, max_abs, kurtosis, out_rms, out_max_abs, entropy, sink, max_logit, grad_norm, grad_spike)"),
+    ("metric", "obs.mid.sink", "'obs.mid.sink': 'mid' is not a stack of the observatory (allowed: enc, dec, all)"),
+    ("than_metric", "obs.dec", "'obs.dec': not obs.<enc|dec|all>[.<self_attn|cross_attn|ffn>].<statistic> (allowed: "),
+])
+def test_a_mistyped_observatory_metric_is_refused_when_the_study_is_loaded(tmp_path, key, metric, message):
+    # at judging it would read "no score" for every run; normlab-study refuses it before any run, in one line
+    import subprocess
+    import sys
+
+    from study_files import write_study_file
+
+    path = write_study_file(tmp_path, [claim(metric="obs.dec.sink"), claim(id="d", **{key: metric})])
+    r = subprocess.run([sys.executable, "-m", "normlab.commands.study", str(path), "--report-only", "--out",
+                        str(tmp_path / "o"), "--runs", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: s.yaml: claims[1].{key}: {message}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -6,6 +6,13 @@ network (same ModelConfig, same state-dict keys and shapes, same tokenizer); any
 refused with a message naming the first differences. The output is the last checkpoint with its
 weights replaced and its optimizer state dropped, so `load_model`, the commands and
 the final test pass (final_test.py) read it like any other checkpoint.
+
+A scheme that constrains its weights has the constraint applied to the mean, as training applies it
+after each optimizer step: nGPT's matrices have unit-norm rows (Loshchilov et al. 2025, arXiv
+2410.01131, §2.1), and the mean of unit vectors is shorter than 1 unless they are equal, so the plain
+average is a model off the sphere it was trained on (its logits are no longer cosines). The
+renormalised mean is the average direction, what the average of a few nearby points on the sphere
+approximates. The other schemes' averages are left as they are, bit for bit.
 """
 from __future__ import annotations
 
@@ -107,11 +114,31 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
                     raise CheckpointMismatch(f"{path}: integer tensor {k} differs from {paths[0]}")
         last = ckpt
     ref = first["state_dict"]
-    state = {k: (v / len(paths)).to(ref[k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
+    mean = {k: v / len(paths) if v.is_floating_point() else v for k, v in sums.items()}
+    constrain_mean_(first.get("model_config"), mean)
+    state = {k: v.to(ref[k].dtype) if v.is_floating_point() else v for k, v in mean.items()}
     out = {k: v for k, v in last.items() if k not in TRAINING_STATE}
     out["state_dict"] = state
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def constrain_mean_(model_config: dict | None, mean: dict[str, torch.Tensor]) -> None:
+    """The scheme's constraint (Seq2SeqTransformer.constrain_) on the averaged float64 weights `mean`
+    (a checkpoint's state_dict, `model.`-prefixed), in place; nothing for a scheme without one."""
+    from normlab.config import ModelConfig
+    from normlab.model.schemes import get_scheme
+    from normlab.model.transformer import Seq2SeqTransformer
+
+    if not isinstance(model_config, dict):
+        return
+    cfg = ModelConfig.from_dict(model_config)
+    if not get_scheme(cfg.norm.placement).constrained:
+        return
+    model = Seq2SeqTransformer(cfg).double()  # the mean's precision: one rounding, at the cast after
+    model.load_state_dict({k[len("model."):]: v for k, v in mean.items() if k.startswith("model.")})
+    model.constrain_()
+    mean.update({f"model.{k}": v for k, v in model.state_dict().items()})
 
 
 def save_checkpoint(ckpt: dict, path: str | os.PathLike) -> None:

@@ -10,7 +10,8 @@
 - test_{bleu,chrf}_greedy: the validation decoder (greedy) on the test set, when the test decoder differs;
 - test_{loss,nll,ppl,bleu,chrf}_avg: the average of the last `callbacks.step_checkpoints.keep_last_n`
   checkpoints (written every `every_n_steps` steps as step<N>.ckpt), decoded like test_bleu
-  (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models);
+  (Vaswani et al. 2017 report averaged checkpoints: the last 5 for base models); an nGPT model's
+  average is renormalised onto its unit sphere first (averaging.constrain_mean_, Loshchilov et al. 2025);
 - partial: which passes scored only part of their split (fast_dev_run, limit_*_batches);
 - decoders: the decoder settings of valid and test.
 A stalled run (callbacks/stall.py) is scored by the loss of its valid and test passes only

@@ -33,10 +33,11 @@ from normlab.model.schemes import get_scheme
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.optimizers import build_optimizer
 from normlab.lr_schedule import lr_factor, peak_lr
-from normlab.private_api import logs_this_step, unscales_in_step
+from normlab.private_api import logs_this_step
 from normlab.scoring import num_batches
 from normlab.settings import EvalSpec, OptimSpec
 from normlab.spikes import SpikeGate
+from normlab.update_gradient import distributed as _dist, gate_update, normalize_accumulated_
 
 
 log = logging.getLogger("normlab")
@@ -53,10 +54,6 @@ def rank_zero_info(message: str) -> None:
     log.info(message)
 
 
-def _dist() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def score_line(label: str, logged: dict[str, float], result: dict) -> str:
     """`<label>: loss 5.82  ppl 326.19  bleu 0.01  chrf 0.01` (nll left out), the log's line for one pass."""
     shown = "  ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in logged.items() if "nll" not in k)
@@ -69,13 +66,6 @@ def adam_on_gpu(precision: str, clipping: bool) -> dict:
     """torch.optim.Adam's implementation flags for a run on CUDA at Lightning `precision`: fused unless
     clipping under mixed precision, which Lightning's MixedPrecision plugin refuses for fused Adam."""
     return {} if clipping and "mixed" in precision else {"fused": True}
-
-
-def _drop(params: list) -> None:
-    """No update from this gradient: torch's optimizers step only the parameters that have one, so
-    the weights, their moments and their step counts stay as they were (the schedule still advances)."""
-    for p in params:
-        p.grad = None
 
 
 @dataclass
@@ -190,25 +180,11 @@ class Seq2SeqModule(L.LightningModule):
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Under accumulation: grad = sum over the update's micro-batches and ranks of the summed loss's
-        gradient / the update's target tokens. Lightning has divided each micro-batch's loss by K and DDP
-        averaged over W ranks, so the gradients are multiplied by K * W / tokens (a device tensor under
-        DDP: no host sync)."""
+        """Under accumulation: the gradient divided by the update's target tokens (update_gradient.py)."""
         k = self._accumulation()
-        if k == 1:
-            return
-        tokens = float(max(self._update_tokens, 0))
-        self._update_tokens = 0
-        world = dist.get_world_size() if _dist() else 1
-        if _dist():
-            t = torch.tensor(tokens, device=self.device)
-            dist.all_reduce(t)
-            scale = (k * world) / t.clamp(min=1.0)
-        else:
-            scale = (k * world) / max(tokens, 1.0)
-        for p in self.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        if k > 1:
+            tokens, self._update_tokens = self._update_tokens, 0
+            normalize_accumulated_(self.parameters(), tokens, k, self.device)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         """The step, then the scheme's constraint on the weights (nGPT, Loshchilov et al. 2025: every
@@ -220,31 +196,12 @@ class Seq2SeqModule(L.LightningModule):
         self.model.constrain_()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """The update's gradient, once, before optimizer.step (issue 38). Lightning calls this last: after
-        every callback's and this module's on_before_optimizer_step (the accumulation's normalisation) and
-        after fp16's unscaling, so the norm measured here is the update's own. It is read back once
-        (TrainStats.grad_norm, the one host sync per update: skipping decides before the step) and every
-        reader uses it: a non-finite gradient is dropped (the weights and the optimizer's moments stay as
-        they were; the divergence guard ends the run), a spike is skipped (optim.skip_spikes), the clip
-        rate is counted, and clipping scales by it (torch's clip_grad_norm_ without measuring again)."""
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        norm = torch.nn.utils.get_total_norm(grads)
-        value = self.stats.grad_norm = float(norm)
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if not math.isfinite(value) and scaler is None:  # fp16's scaler skips an overflow itself
-            return _drop(params)
-        if self.spikes is not None and math.isfinite(value) and self.spikes.skip(value, self.global_step):
-            return _drop(params)
-        if gradient_clip_val and math.isfinite(value):  # the share of updates clipping shortens
-            self.stats.clipped += float(value > gradient_clip_val)
-            self.stats.clip_steps += 1
-        fused_scaling = scaler is not None and unscales_in_step(optimizer)
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and not fused_scaling:
-            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
-        else:  # by value, none, or Lightning's refusal of a fused optimizer's scaled gradients
+        """The update's gradient, once, before optimizer.step (issue 38; update_gradient.gate_update: its norm,
+        dropped, skipped, clipped). Lightning calls this last: after every callback's and this module's
+        on_before_optimizer_step (the accumulation's normalisation) and after fp16's unscaling, so the
+        norm measured here is the update's own."""
+        if gate_update(optimizer, self.trainer.precision_plugin, self.stats, self.spikes, self.global_step,
+                       gradient_clip_val, gradient_clip_algorithm):
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:

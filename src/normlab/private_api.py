@@ -33,6 +33,18 @@ def unscales_in_step(optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
+def pending_loss_scale(precision_plugin, optimizer):
+    """torch / Lightning: the loss scale fp16's GradScaler has left on the gradients before `optimizer`'s
+    step, as a device tensor (GradScaler._get_scale_async: no host sync), or None when they carry none:
+    no scaler, no scaled backward yet, or Lightning unscaled them before on_before_optimizer_step. It does
+    unless the optimizer unscales inside its own step (fused Adam, unscales_in_step): then every norm
+    measured before the step is the true one times the scale."""
+    scaler = getattr(precision_plugin, "scaler", None)
+    if scaler is None or not unscales_in_step(optimizer):
+        return None
+    return scaler._get_scale_async()
+
+
 def logs_this_step(module) -> bool:
     """Lightning: the logger connector writes this step's metrics (values are read back only then).
     False outside Trainer.fit."""

@@ -29,6 +29,7 @@ from torch import nn
 from normlab.callbacks.observatory import BlockGradNorms
 from normlab.config import check_number
 from normlab.model.norms import Derf, DyT, ScaleNorm
+from normlab.private_api import pending_loss_scale
 from normlab.probes import output_change
 
 
@@ -64,12 +65,14 @@ def parameter_stats(model: nn.Module) -> dict[str, float]:
 
 
 @torch.no_grad()
-def grad_norms(model: nn.Module) -> dict[str, float]:
-    """‖∇‖ of each block that has gradients, measured as the observatory measures them (one fused norm)."""
+def grad_norms(model: nn.Module, scale: torch.Tensor | None = None) -> dict[str, float]:
+    """‖∇‖ of each block that has gradients, measured as the observatory measures them (one fused norm);
+    divided by `scale`, the fp16 loss scale the gradients still carry (private_api.pending_loss_scale)."""
     measured = BlockGradNorms()(model, list(model.parameters()))
     if measured is None:
         return {}
-    return {f"diag/{name}/grad_norm": norm for (name, block), norm in zip(model.residual_blocks(), measured[0].tolist())
+    blocks = measured[0] if scale is None else measured[0] / scale
+    return {f"diag/{name}/grad_norm": norm for (name, block), norm in zip(model.residual_blocks(), blocks.tolist())
             if any(p.grad is not None for p in block.parameters())}
 
 
@@ -128,7 +131,7 @@ class Diagnostics(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self._hooks is not None:
-            self.metrics.update(grad_norms(pl_module.model))
+            self.metrics.update(grad_norms(pl_module.model, pending_loss_scale(trainer.precision_plugin, optimizer)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._hooks is None:

@@ -130,7 +130,9 @@ class Observatory(L.Callback):
         (blocks, total), self._pending = self._pending, None
         norm = pl_module.stats.grad_norm  # the update's, measured by the module after its normalisation
         if norm is not None:  # under accumulation the module rescales every gradient by one factor after
-            self.grads.add(blocks * (norm / total))  # this callback's hook: the ratio puts it back
+            # this callback's hook: the ratio puts it back; so it removes fp16's loss scale, which the gradients
+            # still carry here with fused Adam (the module's norm is divided by it: private_api.pending_loss_scale)
+            self.grads.add(blocks * (norm / total))
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:

@@ -131,6 +131,26 @@ def dotted(node, path: str):
 # source token, not the sink Qiu et al. 2025 measure), obs.all.kurtosis (excess kurtosis of the stream).
 STACKS = ("enc", "dec", "all")
 SUBLAYERS = ("self_attn", "cross_attn", "ffn")
+# what callbacks/observatory.py measures per block (a per-head one by its name without _h<i>);
+# tests/test_observatory.py checks this against the callback's output
+STATISTICS = ("rms", "max_abs", "kurtosis", "out_rms", "out_max_abs", "entropy", "sink", "max_logit",
+              "grad_norm", "grad_spike")
+
+
+def observatory_name_problem(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """(what is wrong, the allowed values) of an obs.<stack>[.<sub-layer>].<statistic> name, None if it is
+    one: a study refuses a claim on a mistyped one when it is loaded, not at judging as "no score"."""
+    parts = name.split(".")[1:]
+    grammar = f"{name!r}: not obs.<{'|'.join(STACKS)}>[.<{'|'.join(SUBLAYERS)}>].<statistic>"
+    if len(parts) not in (2, 3):
+        return grammar, STATISTICS
+    if parts[0] not in STACKS:
+        return f"{name!r}: {parts[0]!r} is not a stack of the observatory", STACKS
+    if len(parts) == 3 and parts[1] not in SUBLAYERS:
+        return f"{name!r}: {parts[1]!r} is not a kind of sub-layer of the observatory", SUBLAYERS
+    if parts[-1] not in STATISTICS:
+        return f"{name!r}: {parts[-1]!r} is not a statistic of the observatory", STATISTICS
+    return None
 
 
 def observatory_mean(obs, name: str) -> float | None:

@@ -31,12 +31,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from normlab.errors import UserError
-from normlab.study.fewer_steps_check import check_claim
+# the claims' definition and checks (Claim: claims.py and the tests import it from here)
+from normlab.study.claim_check import Claim, check_claim, sensitivity_screen
 from normlab.study.screen import Screen, load_screen
 
 METRICS_LOWER_BETTER = ("loss", "nll", "ppl")  # a metric whose name ends with one of these
-INTERVALS = ("bootstrap", "t")
-KINDS = ("compare", "similar", "no_worse", "fails", "trains", "lr_sensitivity", "fewer_steps")
 # Every study's smoke budget adds these to its own (a 2-layer, few-step run with short decodes): a
 # test of the machinery in seconds, never a result.
 SMOKE = ["trainer.max_steps=6", "trainer.val_check_interval=3", "model.d_model=32", "model.encoder_ffn=64",
@@ -66,32 +65,6 @@ class Arm:
     extra_seeds: tuple[int, ...] = ()
     screen: bool = True  # false: the arm runs at the common settings though the study screens the others
     family: str | None = None  # its regime family (claims pool the seed variance over it); None: alone
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    claim: str
-    source: str             # paper, table / figure
-    paper: str              # the paper's own number, as printed
-    better: str             # arm (or best_of group) the paper says is better / that fails / trains
-    than: str | None        # the other arm (compare claims)
-    metric: str = "test_bleu"
-    interval: str = "bootstrap"  # bootstrap: a test-BLEU claim's seed interval adds the test sentences'
-                                 # variance, and its README shows the sentence bootstrap as a test-set
-                                 # check; t: the seeds alone (claims.py)
-    kind: str = "compare"   # compare: A better than B; similar: |A - B| < margin; fails: A diverges or
-                            # stalls; trains: A completes; fewer_steps: A reaches B's last loss margin x sooner
-    than_metric: str | None = None  # B's metric when it differs (a pruned model against one trained small)
-    margin: float = 1.0     # similar, no_worse: the largest difference the paper would call "about as good"
-                            # (fewer_steps: the smallest speed-up factor, > 1, required)
-    direction: str | None = None  # higher | lower is better; default: lower for loss / nll / ppl
-    paper_effect: str | None = None  # the paper's own effect for the comparison the arms make, e.g.
-                                     # "+0.83 BLEU (avg of 5 TED pairs)", shown beside ours
-    carried_from: str | None = None  # where the paper showed it when not on translation ("language models")
-    changed: str | None = None  # why the definition differs from the one its first records fixed (study/fixed.py)
-    where_fails: str | None = None  # trains claims: "trains where this arm fails", judged on the screens
-    cap: float | None = None  # lr_sensitivity: ℓ0, the loss a setting counts at most (ln V; study/lr_sensitivity.py)
 
 
 @dataclass(frozen=True)
@@ -184,7 +157,7 @@ def load_study(name: str, budget: str = "full") -> Study:
     name, where = path.stem, f"{path.name}"
     arms = _arms(_need(raw, "arms", where, dict), where)
     best_of = _best_of(raw, where, arms)
-    claims = [_claim(node, f"{where}: claims[{i}]", arms, best_of) for i, node in enumerate(raw.get("claims") or [])]
+    claims = [check_claim(node, f"{where}: claims[{i}]", arms, best_of) for i, node in enumerate(raw.get("claims") or [])]
     budgets = raw.get("budgets") or {}
     seeds, extra = _budget(raw, name, budget, budgets)
     kind, probe = _kind(raw, where, arms, budget, budgets)
@@ -192,15 +165,14 @@ def load_study(name: str, budget: str = "full") -> Study:
         extra = []  # a probe trains nothing: its smoke budget is fewer depths and a narrower model
     prune_extra = dict((budgets.get(budget) or {}).get("prune") or (SMOKE_PRUNE if budget == "smoke" else {}))
     plots = raw.get("plots") or {}
+    screen = sensitivity_screen(_screen(raw, budgets.get(budget) or {}, where, seeds, kind), claims, arms, where)
     return Study(name=name, path=path, title=str(_need(raw, "title", where)), paper=str(_need(raw, "paper", where)),
                  question=str(_need(raw, "question", where)), design=str(raw.get("design") or ""),
                  common=tuple(map(str, raw.get("common") or [])), seeds=tuple(int(s) for s in seeds), arms=arms,
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=_sensitivity_screen(
-                     _screen(raw, budgets.get(budget) or {}, where, seeds, kind), claims, arms, where),
-                 **_judging(raw, where, arms))
+                 prune_overrides=prune_extra, screen=screen, **_judging(raw, where, arms))
 
 
 def _read(name: str) -> tuple[Path, dict]:
@@ -254,55 +226,6 @@ def _best_of(raw: dict, where: str, arms: dict[str, Arm]) -> dict:
     return best_of
 
 
-def _claim(node: dict, at: str, arms: dict[str, Arm], best_of: dict) -> Claim:
-    """One entry of `claims:`: its required keys set, its kind, direction, interval and margin among
-    the allowed, and the arms (or best_of groups) it compares in the study."""
-    c = Claim(**{k: node.get(k) for k in ("id", "claim", "source", "paper", "better", "than")},
-              **{k: node[k] for k in ("metric", "interval", "kind", "than_metric", "margin", "direction",
-                                      "paper_effect", "carried_from", "changed", "where_fails", "cap") if k in node})
-    for key in ("id", "claim", "source", "paper", "better"):
-        if not getattr(c, key):
-            raise UserError(f"{at}.{key}", "missing")
-    for key in ("paper_effect", "carried_from", "changed"):
-        value = getattr(c, key)
-        if value is not None and not (isinstance(value, str) and value.strip()):
-            raise UserError(f"{at}.{key}", f"{value!r}: must be a non-empty string (or left out)")
-    if c.kind not in KINDS:
-        raise UserError(f"{at}.kind", f"{c.kind!r} is not a kind", KINDS)
-    if c.direction not in (None, "higher", "lower"):
-        raise UserError(f"{at}.direction", f"{c.direction!r} is not a direction", ["higher", "lower"])
-    if c.interval not in INTERVALS:
-        raise UserError(f"{at}.interval", f"{c.interval!r} is not an interval", INTERVALS)
-    if c.kind in ("similar", "no_worse", "lr_sensitivity") and not (isinstance(c.margin, (int, float)) and not isinstance(c.margin, bool)
-                                                 and c.margin > 0):
-        raise UserError(f"{at}.margin", f"{c.margin!r}: a {c.kind} claim needs a positive number (BLEU, or the metric's unit)")
-    c = check_claim(c, at, node) if c.kind == "fewer_steps" else c  # a speed-up margin, a curve (study/fewer_steps_check.py)
-    for side in (c.better, c.than) if c.kind not in ("fails", "trains") else (c.better,):
-        if side not in arms and side not in best_of:
-            raise UserError(f"{at}", f"{side!r} is not an arm or best_of group", [*arms, *best_of])
-    if c.where_fails is not None and (c.kind != "trains" or c.where_fails not in arms):
-        raise UserError(f"{at}.where_fails", f"{c.where_fails!r}: an arm, on a trains claim", list(arms))
-    if c.kind == "lr_sensitivity" or c.cap is not None:
-        _sensitivity_claim(c, at, arms, "margin" in node)
-    return c
-
-
-def _sensitivity_claim(c: Claim, at: str, arms: dict[str, Arm], margin_set: bool) -> None:
-    """An lr_sensitivity claim compares two arms' screens (no best_of group: it has no one screen), with
-    its own margin (no default: it is the verdict's rule) and a positive `cap` (ln V); `cap` is for
-    that kind only."""
-    if c.kind != "lr_sensitivity":
-        raise UserError(f"{at}.cap", "only an lr_sensitivity claim has a cap", ["lr_sensitivity"])
-    if not margin_set:
-        raise UserError(f"{at}.margin", "missing: an lr_sensitivity claim states its margin (nats) before the data")
-    if isinstance(c.cap, bool) or not isinstance(c.cap, (int, float)) or not c.cap > 0:
-        raise UserError(f"{at}.cap", f"{c.cap!r}: an lr_sensitivity claim needs a positive number (ℓ0: ln V, the "
-                        "loss of a uniform prediction)")
-    for side in (c.better, c.than):
-        if side not in arms:
-            raise UserError(f"{at}", f"{side!r}: an lr_sensitivity claim compares two arms' screens", list(arms))
-
-
 def _budget(raw: dict, name: str, budget: str, budgets: dict) -> tuple[list, list[str]]:
     """(seeds, overrides) of the budget: the study's own at full; a smaller budget's seeds, and its
     overrides after SMOKE's at smoke (a machinery test, never a result)."""
@@ -344,23 +267,6 @@ def _screen(raw: dict, budget: dict, where: str, seeds, kind: str) -> Screen | N
     if node and isinstance(node, dict) and isinstance(budget.get("screen"), dict):
         node = {**node, **budget["screen"]}
     return load_screen(node, where, [int(s) for s in seeds])
-
-
-def _sensitivity_screen(screen: Screen | None, claims: list[Claim], arms: dict[str, Arm], where: str):
-    """The screen, checked for the lr_sensitivity claims: it varies optim.lr and screens both arms."""
-    for i, c in enumerate(claims):
-        if c.kind != "lr_sensitivity":
-            continue
-        if screen is None or "optim.lr" not in dict(screen.grid):
-            raise UserError(f"{where}: claims[{i}]", "an lr_sensitivity claim reads the screens: the study needs a "
-                            "screen whose grid has optim.lr")
-        if screen.by not in ("valid_loss", "valid_nll"):  # a loss in nats, capped at ln V: not BLEU, not ppl
-            raise UserError(f"{where}: screen.by", f"{screen.by}: claim {c.id!r} (lr_sensitivity) reads losses in "
-                            "nats", ["valid_loss", "valid_nll"])
-        for side in (c.better, c.than):
-            if not arms[side].screen:
-                raise UserError(f"{where}: arms.{side}.screen", f"false, but claim {c.id!r} reads its screen")
-    return screen
 
 
 def _number(node: dict, key: str, where: str, low: float, high: float = float("inf"), integer: bool = False):

@@ -28,6 +28,7 @@ class Scheme:
     scale_cross = False  # whether the initial branch scaling includes cross-attention
     no_dlcl = ""  # why the scheme refuses DLCL (model.layer_aggregation=dlcl); "" = it takes it
     no_dwa = ""  # why it refuses DenseFormer's DWA (model.layer_aggregation=dwa); "" = it takes it
+    constrained = False  # constrain_ changes weights (nGPT): code that makes weights (averaging) applies it
     mix_ratio = False  # whether it reads norm.mix_ratio (Mix-LN alone)
 
     def __init_subclass__(cls, **kwargs):

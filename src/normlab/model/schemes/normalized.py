@@ -25,6 +25,7 @@ class NGPT(Scheme):
     stack starts with Norm(embedding) and has no final norm."""
     name, paper, norm_free = "ngpt", "Loshchilov et al. 2025, nGPT", True
     final_n = False  # h is a unit vector after every block
+    constrained = True  # unit-norm matrices (constrain_)
     no_dlcl = no_dwa = ("nGPT keeps every hidden state on the unit sphere; a learned mix of the layers' outputs "
                         "is not on it; choose one")
 
