@@ -46,7 +46,7 @@ def train(engine: str, cwd: Path, args: list[str], status: str = "completed") ->
                "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                             train_py, *args],
                "submitit": [sys.executable, train_py, "-m", *args, "hydra/launcher=submitit_local",
-                            "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10",
+                            "hydra.launcher.timeout_min=10",  # 2 tasks: tasks_per_node follows trainer.devices
                             "hydra.sweep.dir=outputs"]}[engine]
     cwd.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread a rank under every engine (torchrun's default)

@@ -22,6 +22,39 @@ def test_slurm_launcher_config_follows_the_trainer():
     assert launcher.signal_delay_s > 0 and launcher.max_num_timeout > 0 and launcher.partition == "gpu"
 
 
+def launcher_config(*overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True).hydra.launcher
+
+
+@pytest.mark.parametrize("name", ["submitit_local", "submitit_slurm"])
+def test_submitit_launchers_start_one_task_per_device(name):
+    """Without hydra.launcher.tasks_per_node the plugin's default (1 task) met a 2-device run, which
+    process_group.py refuses (issue 37): the task count now follows trainer.devices unless given."""
+    launcher = launcher_config(f"hydra/launcher={name}", "trainer=ddp", "trainer.devices=2", "trainer.num_nodes=3")
+    assert launcher._target_.endswith("SlurmLauncher" if name == "submitit_slurm" else "LocalLauncher")
+    assert launcher.tasks_per_node == 2
+    assert launcher.nodes == (3 if name == "submitit_slurm" else 1)  # local: one machine, whatever the trainer says
+    assert launcher_config(f"hydra/launcher={name}", "trainer=ddp", "trainer.devices=4").tasks_per_node == 4
+    # an explicit count still wins (process_group.py then refuses it if it is not the device count)
+    assert launcher_config(f"hydra/launcher={name}", "trainer.devices=2",
+                           "hydra.launcher.tasks_per_node=3").tasks_per_node == 3
+
+
+def test_submitit_launchers_keep_the_plugins_other_defaults():
+    """normlab changes two defaults of the plugin's configs, not their keys, types or other values."""
+    from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
+    from omegaconf import OmegaConf
+    for name, conf in [("submitit_local", LocalQueueConf), ("submitit_slurm", SlurmQueueConf)]:
+        ours = OmegaConf.to_container(launcher_config(f"hydra/launcher={name}", "hydra.sweep.dir=s",
+                                                      "hydra.job.name=j"), resolve=True)
+        plugin = OmegaConf.to_container(OmegaConf.structured(conf(submitit_folder="s/.submitit/%j", name="j")))
+        changed = {k for k in plugin if ours[k] != plugin[k]}
+        assert ours.keys() == plugin.keys() and changed <= {"tasks_per_node", "nodes"}
+    with pytest.raises(Exception, match="tasks_per_node"):  # still typed: an int
+        launcher_config("hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=two")
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # make test: a multirun through submitit_local in test_engines.py (2 tasks) and test_run_lock.py (a refused job)
 def test_a_tiny_multirun_through_submitit_local(small_corpus, tmp_path):

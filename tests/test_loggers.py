@@ -148,3 +148,45 @@ def test_the_documented_sync_uploads_every_leg_into_one_run(tmp_path, monkeypatc
     text = out.stdout + out.stderr
     assert out.returncode == 0 and "Would sync 2 run(s)" in text, text
     assert text.index(legs[0].name) < text.index(legs[1].name)  # in order of start time
+
+
+def leveldb_chunk(rec) -> bytes:
+    """One W&B record as a full chunk of the run file's LevelDB log (crc left 0: the reader skips it)."""
+    import struct
+
+    data = rec.SerializeToString()
+    return struct.pack("<IHB", 0, len(data), 1) + data
+
+
+def test_a_finished_offline_run_is_waited_for_until_its_file_holds_the_exit_record(tmp_path):
+    """wandb.finish returns once the wandb-core service has the run's exit, and tells the service to close
+    the file without waiting (tests/test_study_labels.py once read an offline run's group as None right
+    after the run returned): the run ends only when its file holds the exit record, which a reader then
+    finds with the run record before it."""
+    import threading
+    import time
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from normlab.wandb_files import records, wait_until_finished
+
+    run = pb.Record()
+    run.run.run_group = "study-x"
+    exit_rec = pb.Record()
+    exit_rec.exit.exit_code = 0
+    path = tmp_path / "run-abc.wandb"
+    path.write_bytes(b":W&B\x00\x00\x01" + leveldb_chunk(run))  # the service has written the run record only
+    assert not wait_until_finished(tmp_path, timeout=0.2)
+
+    def close_later():
+        time.sleep(0.3)
+        with path.open("ab") as f:
+            f.write(leveldb_chunk(exit_rec))
+    writer = threading.Thread(target=close_later)
+    start = time.monotonic()
+    writer.start()
+    assert wait_until_finished(tmp_path, timeout=10)
+    writer.join()
+    assert time.monotonic() - start >= 0.3  # returned once the file was whole, not before
+    assert [r.WhichOneof("record_type") for r in records(path)] == ["run", "exit"]
+    assert not wait_until_finished(tmp_path / "empty", timeout=0.1)  # no run file at all: not finished

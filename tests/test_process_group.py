@@ -111,22 +111,77 @@ def test_a_single_task_job_is_left_to_lightning(env):
     assert "RANK" not in os.environ and "LOCAL_RANK" not in os.environ
 
 
-@pytest.mark.parametrize("rank, written", [(0, "train.log"), (1, "train_ddp_process_1.log")])
-def test_a_rank_above_0_logs_to_a_file_of_its_own(env, tmp_path, rank, written):
-    """Hydra's job log (<job>.log, opened at its first line); rank 1's lines go where Lightning's own
-    launcher puts its rank 1's, not into rank 0's file."""
-    handler = logging.FileHandler(tmp_path / "train.log", delay=True)
+def job_log(path, monkeypatch, met_rank_0: bool):
+    """Hydra's job log handler (<job>.log, opened at its first line) on the root logger, taken off
+    again (with whatever join() put in its place) by the caller's `finally`; torch.distributed's
+    rendezvous faked as done or not."""
+    monkeypatch.setattr(pg, "rendezvous_done", lambda: met_rank_0, raising=False)
+    before = list(logging.getLogger().handlers)
+    logging.getLogger().addHandler(logging.FileHandler(path, delay=True))
+    return before
+
+
+def restore(before):
     root = logging.getLogger()
-    root.addHandler(handler)
+    for handler in [h for h in root.handlers if h not in before]:
+        root.removeHandler(handler)
+        handler.close()
+
+
+@pytest.mark.parametrize("rank, written", [(0, "train.log"), (1, "train_ddp_process_1.log")])
+def test_a_rank_above_0_logs_to_a_file_of_its_own(env, tmp_path, monkeypatch, rank, written):
+    """Rank 1's lines go where Lightning's own launcher puts its rank 1's, not into rank 0's file."""
+    before = job_log(tmp_path / "train.log", monkeypatch, met_rank_0=True)
     try:
         env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=rank)
         pg.join("train")
         logging.getLogger("normlab").warning("a line of rank %d", rank)
     finally:
-        root.removeHandler(handler)
-        handler.close()
+        restore(before)
     assert [p.name for p in tmp_path.iterdir()] == [written]
     assert f"a line of rank {rank}" in (tmp_path / written).read_text()
+
+
+def test_a_rank_above_0_writes_its_log_only_after_meeting_rank_0(env, tmp_path, monkeypatch):
+    """torchrun starts both ranks of a second copy of a running run at once; only rank 0 takes the
+    folder's lock and is refused. Its rank 1 used to append its start-up lines to the running run's
+    train_ddp_process_1.log (issue 37): it now keeps them until the rendezvous with its rank 0 (which
+    a refused rank 0 never enters), and then writes them, in order, before its next line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_ddp_process_1.log").write_text("[step 6] the running run's rank 1\n")
+    met = []
+    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
+    monkeypatch.setattr(pg, "rendezvous_done", lambda: bool(met), raising=False)
+    try:
+        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
+        pg.join("train")
+        logging.getLogger("normlab").warning("start-up line 1")
+        logging.getLogger("normlab").warning("start-up line 2")
+        assert (run / "train_ddp_process_1.log").read_text() == "[step 6] the running run's rank 1\n"
+        met.append(True)  # a run whose rank 0 holds the folder: the rendezvous is done
+        logging.getLogger("normlab").warning("after the rendezvous")
+    finally:
+        restore(before)
+    lines = (run / "train_ddp_process_1.log").read_text().splitlines()
+    assert [line.rsplit(" ", 3)[-3:] for line in lines[1:]] == [["start-up", "line", "1"], ["start-up", "line", "2"],
+                                                                ["after", "the", "rendezvous"]]
+    assert sorted(p.name for p in run.iterdir()) == ["train_ddp_process_1.log"]
+
+
+def test_a_rank_above_0_that_never_meets_rank_0_leaves_the_folder_as_it_was(env, tmp_path, monkeypatch):
+    """The refused copy's rank 1 ends (its rendezvous times out, or it is stopped) with its lines unwritten."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_ddp_process_1.log").write_text("the running run's line\n")
+    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
+    try:
+        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
+        pg.join("train")
+        logging.getLogger("normlab").warning("a refused copy's start-up line")
+    finally:
+        restore(before)  # closes the handlers, as logging.shutdown does at exit
+    assert {p.name: p.read_text() for p in run.iterdir()} == {"train_ddp_process_1.log": "the running run's line\n"}
 
 
 @pytest.mark.integration

@@ -196,3 +196,33 @@ def test_a_rejected_corpus_leaves_nothing_in_the_cache(small_corpus, tmp_path, m
     good = [a for a in tiny_overrides(small_corpus, tmp_path / "g", cache) if not a.startswith("++run_dir")]
     assert train_main([*good, f"hydra.run.dir={tmp_path / 'g'}", "trainer.max_steps=1", "eval.test=false"]) == 0
     assert not [p.name for p in (cache / "data").iterdir() if p.name.endswith(".lock")]
+
+
+def test_a_start_checkpoint_failing_two_checks_is_refused_by_the_first(tiny_checkpoint, small_corpus, tmp_path):
+    """resume= / finetune= checks run in one order (run_identity.identify's docstring,
+    docs/runs-that-survive.md): the command line alone, the file (found, readable, full state for
+    resume=), the model it builds with the checkpoint's, then the checkpoint against the run
+    (tokenizer, optimizer, trainer.max_steps). Each case fails two checks; the earlier one is the line."""
+    import torch
+
+    from conftest import refused, tiny_overrides
+
+    args = [a for a in tiny_overrides(small_corpus, tmp_path / "new", tmp_path / "cache")
+            if not a.startswith(("++run_dir", "model.", "trainer.max_steps"))] + [f"hydra.run.dir={tmp_path / 'new'}"]
+    missing = tmp_path / "absent.ckpt"
+    weights = tmp_path / "weights.ckpt"  # the checkpoint at step 2 without its optimizer state and loops
+    torch.save({k: v for k, v in torch.load(tiny_checkpoint, weights_only=False).items()
+                if k not in ("optimizer_states", "loops")}, weights)
+    # the command line's own error before a file that does not exist
+    assert refused([*args, f"resume={missing}", "trainer.max_steps=0"], tmp_path, here=True).startswith(
+        "error: trainer.max_steps: ")
+    # weights only (resume= needs the full state) before trainer.max_steps=2 leaving nothing to train
+    line = refused([*args, f"resume={weights}", "trainer.max_steps=2"], tmp_path, here=True)
+    assert line.startswith(f"error: resume={weights}: ") and "holds weights only" in line, line
+    # a typed model key that does not combine with the checkpoint's model, before trainer.max_steps=2
+    line = refused([*args, f"resume={tiny_checkpoint}", "trainer.max_steps=2", "model.d_model=48"], tmp_path, here=True)
+    assert line.startswith(f"error: resume={tiny_checkpoint}: ") and "model.d_model=48 do not combine" in line, line
+    # the optimizer the checkpoint trained with, before trainer.max_steps=2
+    line = refused([*args, f"resume={tiny_checkpoint}", "trainer.max_steps=2", "optim.optimizer=adamw"], tmp_path, here=True)
+    assert line.startswith("error: optim.optimizer: 'adamw': ") and "trained with 'adam'" in line, line
+    assert not (tmp_path / "new").exists()

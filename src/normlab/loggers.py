@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from normlab.outcome import REASON_KEYS, Status
 from normlab.private_api import drop_wandb_init_key
 from normlab.signals import deferred
+from normlab.wandb_files import wait_until_finished
 
 log = logging.getLogger("normlab")
 
@@ -124,8 +125,11 @@ def _finish(loggers: list, results: Mapping[str, Any] | None) -> None:
                         except KeyError:
                             pass
                 where = offline_note(wandb.run)
+                folder = Path(wandb.run.sync_dir) if wandb.run.offline else None
                 # W&B's run state says what results.json says: a crash is "failed" in both
                 wandb.finish(exit_code=1 if (results or {}).get("status") in (Status.FAILED, Status.INTERRUPTED) else 0)
+                if folder is not None:  # the run's file whole before anyone reads it (a continued leg's last step)
+                    wait_until_finished(folder)
                 if where:
                     log.info(where)
         else:

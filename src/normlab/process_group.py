@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,12 +132,58 @@ def divide_threads(processes: int) -> int:
 
 def own_log_file(job_name: str, rank: int) -> None:
     """Move the job's log file handler (Hydra's `<job>.log`, opened at its first line) to
-    `<job>_ddp_process_<rank>.log` beside it."""
+    `<job>_ddp_process_<rank>.log` beside it, written only once this rank has met rank 0 in
+    torch.distributed's rendezvous (AfterRendezvous)."""
     root = logging.getLogger()
-    for handler in root.handlers:
+    for i, handler in enumerate(root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).name == f"{job_name}.log":
             with handler.lock:
                 if handler.stream is not None:  # opened by an earlier line: the next one opens the new file
                     handler.stream.close()
                     handler.stream = None
                 handler.baseFilename = str(Path(handler.baseFilename).with_name(f"{job_name}_ddp_process_{rank}.log"))
+            root.handlers[i] = AfterRendezvous(handler)
+
+
+def rendezvous_done() -> bool:
+    """Whether this process joined the run's default process group (torch.distributed initialised),
+    read without importing torch."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+class AfterRendezvous(logging.Handler):
+    """A rank above 0's log file, opened only after the rendezvous with rank 0; the lines before it are
+    kept and written then. torchrun and SLURM start every rank at once, and only rank 0 takes the run
+    folder's lock (run_folder.locked): the rank 1 of a second copy of a running run, refused on rank 0,
+    used to append its start-up lines to the running run's `<job>_ddp_process_1.log` (issue 37). Rank
+    0 enters the rendezvous only while holding the folder, so a rank that met it writes into its own
+    run's folder; a rank that never meets it (its rank 0 refused) writes nothing there."""
+
+    def __init__(self, target: logging.FileHandler):
+        super().__init__(target.level)
+        self.target, self.waiting = target, []
+        self.setFormatter(target.formatter)
+        for f in target.filters:
+            self.addFilter(f)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not rendezvous_done():
+            self.waiting.append(record)
+            return
+        for kept in self.waiting:
+            self.target.handle(kept)
+        self.waiting.clear()
+        self.target.handle(record)
+
+    @property
+    def baseFilename(self) -> str:  # noqa: N802  (logging.FileHandler's name: where the lines go)
+        return self.target.baseFilename
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close(self) -> None:
+        self.waiting.clear()  # never met rank 0: the lines were on the console, the folder is not this run's
+        self.target.close()
+        super().close()

@@ -2,13 +2,14 @@
 trainer.max_steps (conf/trainer/cpu.yaml). Those of conf/hydra name a run's folder before the job
 runs: `nl.run_dir` (a single run: outputs/<folder>) and `nl.run_name` (a sweep job's subfolder), each
 from run_identity.identify, which the job then finds computed (one name for the folder, run.json and
-W&B); `nl.study` names a sweep's folder (identity.study_id). Registered on import (train.py imports
+W&B); `nl.study` names a sweep's folder (identity.study_id). With them, the submitit launchers'
+defaults (launchers.py: one task per device). Registered on import (train.py imports
 this module; a submitit worker calls register_resolvers itself)."""
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from normlab import identity
+from normlab import identity, launchers
 from normlab.run_identity import Runtime, folder_name, identify
 
 
@@ -50,6 +51,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("nl.run_dir", _resolve_run_dir)
         # cached: computed once on the sweep's own config, copied by Hydra into every job's config
         OmegaConf.register_new_resolver("nl.study", identity.study_id, use_cache=True)
+    launchers.register_launcher_defaults()  # hydra/launcher=submitit_*: one task per trainer.devices
 
 
 register_resolvers()

@@ -113,7 +113,17 @@ def identify(cfg: Any, runtime: Runtime | None = None) -> RunIdentity:
     """The run `cfg` describes, as `runtime` launches it: named, tagged, grouped, its start checkpoint
     read and merged in, its folder found. Raises only for a config that does not resolve; a start
     checkpoint that cannot be read is in `start.error` (the run is named without its model meanwhile,
-    as the folder was)."""
+    as the folder was).
+
+    A resume= / finetune= run is checked in this order, and refused by the first check it fails (one
+    line; tests/test_user_errors.py gives inputs that fail two):
+      1. the command line on its own (run_spec._validated: a typed key's own error comes first);
+      2. the file: found (a file, or a run folder's checkpoint), readable, a normlab checkpoint, and
+         for resume= a full-state one, not weights only (read here, raised by run_spec._validated);
+      3. the model the command line builds with the checkpoint's settings (run_spec._not_combined);
+      4. the checkpoint against the run, before the data (train._start_point): its tokenizer, for
+         resume= the optimizer it trained with, then trainer.max_steps past its step;
+      5. its weights against the model (a shape that does not fit), once the model is built."""
     runtime = Runtime.of(cfg) if runtime is None else runtime
     key = _memo_key(cfg, runtime)
     named = _MEMO.get(key)

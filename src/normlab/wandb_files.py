@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -56,3 +57,24 @@ def last_logged_step(wandb_dir: Path) -> int:
     """The highest training step in the history of every run file under wandb_dir; -1 if none."""
     steps = [s for path in wandb_dir.glob("*/run-*.wandb") for s in history_steps(path)]
     return max(steps, default=-1)
+
+
+def finished(path: Path) -> bool:
+    """Whether the run file holds its run's exit record (the last one wandb.finish has written)."""
+    return any(rec.WhichOneof("record_type") == "exit" for rec in records(path))
+
+
+def wait_until_finished(run_folder: Path, timeout: float = 30.0) -> bool:
+    """Wait (at most `timeout` s) until the run file in an offline run's folder holds its exit record.
+    wandb.finish hands the run to the wandb-core service, which writes the file in its own process and
+    is told to close it without being waited for (wandb_run: service.inform_finish); a reader right
+    after finish, on a loaded machine, can find the file without its records, even without its first
+    `run` record (tests/test_study_labels.py once read the run's group as None). False on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = list(Path(run_folder).glob("run-*.wandb"))
+        if files and all(finished(f) for f in files):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
