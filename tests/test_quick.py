@@ -1,0 +1,46 @@
+"""experiment=quick's promise (issue 37 item 12): a test BLEU of at least 15 after about five minutes
+of training on 2 CPU cores. The README states what the run on record printed; the record is the run's
+own results.json (benchmarks/records/quick_amd_epyc.results.json), so the README, the preset and the
+record cannot drift apart. Slow: the whole preset (~6 minutes on the 2-core AMD EPYC)."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "benchmarks" / "records" / "quick_amd_epyc.results.json"
+PRESET = ROOT / "conf" / "experiment" / "quick.yaml"
+
+
+def readme_claim() -> tuple[float, int]:
+    """The README's line: "... `experiment=quick` ... test BLEU **18.23** after 720 steps ..."."""
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"experiment=quick`[^\n]*?test BLEU \*\*(\d+\.\d+)\*\* after (\d+) steps", text)
+    assert m, "the README no longer states experiment=quick's test BLEU and steps"
+    return float(m[1]), int(m[2])
+
+
+def test_the_readme_states_the_quick_run_on_record():
+    bleu, steps = readme_claim()
+    rec = json.loads(RECORD.read_text())
+    preset = yaml.safe_load(PRESET.read_text())
+    assert rec["status"] == "completed" and rec["test_bleu"] == bleu >= 15
+    assert rec["steps"] == steps == preset["trainer"]["max_steps"]  # the record is the preset as it stands
+    layers = preset["model"]["encoder_layers"], preset["model"]["decoder_layers"]
+    assert f"-e{layers[0]}d{layers[1]}-" in rec["name"] and "AMD EPYC" in rec["device"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_quick_preset_reaches_bleu_15(tmp_path):
+    r = subprocess.run([sys.executable, "train.py", "experiment=quick", "logger=csv", f"run_dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["status"] == "completed" and res["steps"] == readme_claim()[1]
+    assert res["test_bleu"] >= 15, (res["test_bleu"], res["device"])
+    assert f"test: BLEU {res['test_bleu']:.2f}" in r.stdout + r.stderr
