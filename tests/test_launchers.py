@@ -36,6 +36,11 @@ def test_submitit_launchers_start_one_task_per_device(name):
     assert launcher.tasks_per_node == 2
     assert launcher.nodes == (3 if name == "submitit_slurm" else 1)  # local: one machine, whatever the trainer says
     assert launcher_config(f"hydra/launcher={name}", "trainer=ddp", "trainer.devices=4").tasks_per_node == 4
+    # a device list counts its devices; `auto` / -1 (Lightning decides later) start one task, where
+    # ${trainer.devices} alone put 'auto' into the plugin's int field (a traceback inside Hydra)
+    assert launcher_config(f"hydra/launcher={name}", "trainer.devices=[0,1,2]").tasks_per_node == 3
+    for devices in ("auto", "-1"):
+        assert launcher_config(f"hydra/launcher={name}", f"trainer.devices={devices}").tasks_per_node == 1
     # an explicit count still wins (process_group.py then refuses it if it is not the device count)
     assert launcher_config(f"hydra/launcher={name}", "trainer.devices=2",
                            "hydra.launcher.tasks_per_node=3").tasks_per_node == 3

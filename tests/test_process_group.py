@@ -169,6 +169,31 @@ def test_a_rank_above_0_writes_its_log_only_after_meeting_rank_0(env, tmp_path, 
     assert sorted(p.name for p in run.iterdir()) == ["train_ddp_process_1.log"]
 
 
+def test_a_rank_above_0_that_met_rank_0_keeps_every_line_to_its_end(env, tmp_path, monkeypatch):
+    """Met rank 0 and logged nothing more before it ended: the kept lines are written when the log
+    closes; a line after the process group is gone (at exit) is written too."""
+    run = tmp_path / "run"
+    run.mkdir()
+    met = []
+    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
+    monkeypatch.setattr(pg, "rendezvous_done", lambda: bool(met), raising=False)
+    try:
+        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
+        pg.join("train")
+        logging.getLogger("normlab").warning("start-up line")
+        met.append(True)
+        logging.getLogger("normlab").warning("met")
+        logging.getLogger("normlab").warning("kept until the end")  # written at once: met
+        met.clear()  # the process group destroyed at exit
+        logging.getLogger("normlab").warning("after the group")
+        last = [h for h in logging.getLogger().handlers if isinstance(h, pg.AfterRendezvous)]
+        assert last and not last[0].waiting  # nothing held back once met
+    finally:
+        restore(before)
+    lines = (run / "train_ddp_process_1.log").read_text().splitlines()
+    assert [line.rsplit(" ", 1)[-1] for line in lines] == ["start-up line".split()[-1], "met", "end", "group"]
+
+
 def test_a_rank_above_0_that_never_meets_rank_0_leaves_the_folder_as_it_was(env, tmp_path, monkeypatch):
     """The refused copy's rank 1 ends (its rendezvous times out, or it is stopped) with its lines unwritten."""
     run = tmp_path / "run"

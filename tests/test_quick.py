@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import compose_cfg
+
+from normlab.identity import identity_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmarks" / "records" / "quick_amd_epyc.results.json"
@@ -17,7 +20,7 @@ PRESET = ROOT / "conf" / "experiment" / "quick.yaml"
 
 
 def readme_claim() -> tuple[float, int]:
-    """The README's line: "... `experiment=quick` ... test BLEU **18.23** after 720 steps ..."."""
+    """The README's line: "... `experiment=quick` ... test BLEU **18.23** after 750 steps ..."."""
     text = (ROOT / "README.md").read_text()
     m = re.search(r"experiment=quick`[^\n]*?test BLEU \*\*(\d+\.\d+)\*\* after (\d+) steps", text)
     assert m, "the README no longer states experiment=quick's test BLEU and steps"
@@ -32,6 +35,8 @@ def test_the_readme_states_the_quick_run_on_record():
     assert rec["steps"] == steps == preset["trainer"]["max_steps"]  # the record is the preset as it stands
     layers = preset["model"]["encoder_layers"], preset["model"]["decoder_layers"]
     assert f"-e{layers[0]}d{layers[1]}-" in rec["name"] and "AMD EPYC" in rec["device"]
+    # every setting that names a run (lr, clipping, warmup, ...): the record ran the preset as it stands
+    assert identity_hash(compose_cfg(["experiment=quick"])) == rec["identity_hash"]
 
 
 @pytest.mark.integration

@@ -42,6 +42,17 @@ def test_observatory_means_average_the_heads_then_the_stack_blocks():
     for bad in ("obs.mid.sink", "obs.dec", "obs.dec.sink_h", "obs.dec.mlp.sink", "obs.dec.self_attn.sink.x"):
         assert r.metric(bad) is None
     assert rec({}).metric("obs.dec.sink") is None  # a run without the observatory
+    assert r.metric("obs.dec.self_attn.sink_h1") == pytest.approx(0.8)  # one head, by the observatory's name
+
+
+def test_a_claim_may_name_one_head_and_nothing_else_after_the_statistic():
+    from normlab.study.records import observatory_name_problem
+
+    assert observatory_name_problem("obs.dec.self_attn.sink_h0") is None
+    assert observatory_name_problem("obs.enc.entropy_h12") is None
+    for bad in ("obs.dec.sink_h", "obs.dec.sink_hx", "obs.dec.kurtosis_h0", "obs.dec.sinks"):
+        what, allowed = observatory_name_problem(bad)
+        assert "is not a statistic of the observatory" in what and "sink_h<i>" in allowed, bad
 
 
 def test_a_compare_claim_reads_an_observatory_mean(tmp_path):
@@ -60,7 +71,8 @@ def test_a_compare_claim_reads_an_observatory_mean(tmp_path):
     ("metric", "obs.dec.self_atn.sink", "'obs.dec.self_atn.sink': 'self_atn' is not a kind of sub-layer of the "
      "observatory (allowed: self_attn, cross_attn, ffn)"),
     ("metric", "obs.enc.kurtosiss", "'obs.enc.kurtosiss': 'kurtosiss' is not a statistic of the observatory (allowed: "
-     "rms, max_abs, kurtosis, out_rms, out_max_abs, entropy, sink, max_logit, grad_norm, grad_spike)"),
+     "rms, max_abs, kurtosis, out_rms, out_max_abs, entropy, sink, max_logit, grad_norm, grad_spike, entropy_h<i>, "
+     "sink_h<i>)"),
     ("metric", "obs.mid.sink", "'obs.mid.sink': 'mid' is not a stack of the observatory (allowed: enc, dec, all)"),
     ("than_metric", "obs.dec", "'obs.dec': not obs.<enc|dec|all>[.<self_attn|cross_attn|ffn>].<statistic> (allowed: "),
 ])

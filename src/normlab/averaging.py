@@ -135,7 +135,8 @@ def constrain_mean_(model_config: dict | None, mean: dict[str, torch.Tensor]) ->
     cfg = ModelConfig.from_dict(model_config)
     if not get_scheme(cfg.norm.placement).constrained:
         return
-    model = Seq2SeqTransformer(cfg).double()  # the mean's precision: one rounding, at the cast after
+    with torch.random.fork_rng(devices=[]):  # its random init must not move the run's RNG (the final test's)
+        model = Seq2SeqTransformer(cfg).double()  # the mean's precision: one rounding, at the cast after
     model.load_state_dict({k[len("model."):]: v for k, v in mean.items() if k.startswith("model.")})
     model.constrain_()
     mean.update({f"model.{k}": v for k, v in model.state_dict().items()})

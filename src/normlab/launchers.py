@@ -14,6 +14,19 @@ from __future__ import annotations
 import dataclasses
 
 
+def tasks(devices) -> int:
+    """The task count of `trainer.devices` (the plugin types it an int): a count, or a list's length; 1 for
+    `auto` / -1, whose count Lightning decides later (process_group then refuses a count that differs, in
+    one line, where `${trainer.devices}` alone failed inside Hydra with a traceback)."""
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
+        return max(len(devices), 1)
+    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 0:
+        return int(devices)
+    return 1
+
+
 def register_launcher_defaults() -> bool:
     """Store the submitit configs with tasks_per_node (and SLURM nodes) from the trainer; False when
     the plugin is not installed (then `hydra/launcher=submitit_*` is unknown to Hydra anyway)."""
@@ -28,7 +41,7 @@ def register_launcher_defaults() -> bool:
     # config module again, which stores the plugin's own defaults: scan first, then store ours
     Plugins.instance()
     store = ConfigStore.instance()
-    devices = "${trainer.devices}"
+    devices = "${nl.tasks:${trainer.devices}}"
     store.store(group="hydra/launcher", name="submitit_local", provider="submitit_launcher",
                 node=dataclasses.replace(plugin.LocalQueueConf(), tasks_per_node=devices))
     store.store(group="hydra/launcher", name="submitit_slurm", provider="submitit_launcher",

@@ -44,7 +44,7 @@ def inverse_sqrt_hold_factor(step: int, warmup: int) -> float:
 
 
 def decay_factor(schedule: str, step: int, warmup: int, total: int) -> float:
-    """Linear warmup, then a decay from the peak to 0 at step `total` (the run's trainer.max_steps):
+    """Linear warmup, then a decay from the peak towards 0, reached one step after `total` (the run's trainer.max_steps):
     `cosine` as Loshchilov & Hutter 2017 (SGDR) without restarts, fairseq's `cosine` with min_lr 0;
     `linear` as fairseq's `polynomial_decay` with power 1 and end_learning_rate 0. For a run of a known,
     short budget (experiment=quick) a decay to zero reaches a lower loss than inverse_sqrt at the same
@@ -53,8 +53,9 @@ def decay_factor(schedule: str, step: int, warmup: int, total: int) -> float:
     step = max(step, 1)
     if warmup > 0 and step <= warmup:
         return step / warmup
-    start = max(warmup, 1)  # the peak at the warmup's last step (without warmup: at step 1)
-    done = min((step - start) / max(total - start, 1), 1.0)
+    # as fairseq, from the updates already done after the warmup: the first update after it is at the
+    # peak and the last (step == total) still above 0, which only a step past the run would reach
+    done = min((step - 1 - warmup) / max(total - warmup, 1), 1.0)
     return 0.5 * (1.0 + math.cos(math.pi * done)) if schedule == "cosine" else 1.0 - done
 
 

@@ -162,19 +162,24 @@ class AfterRendezvous(logging.Handler):
 
     def __init__(self, target: logging.FileHandler):
         super().__init__(target.level)
-        self.target, self.waiting = target, []
+        self.target, self.waiting, self.met = target, [], False
         self.setFormatter(target.formatter)
         for f in target.filters:
             self.addFilter(f)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not rendezvous_done():
+        # once met, always this run's: lines after the process group is destroyed (at exit) are written too
+        self.met = self.met or rendezvous_done()
+        if not self.met:
             self.waiting.append(record)
             return
+        self._write_waiting()
+        self.target.handle(record)
+
+    def _write_waiting(self) -> None:
         for kept in self.waiting:
             self.target.handle(kept)
         self.waiting.clear()
-        self.target.handle(record)
 
     @property
     def baseFilename(self) -> str:  # noqa: N802  (logging.FileHandler's name: where the lines go)
@@ -184,6 +189,8 @@ class AfterRendezvous(logging.Handler):
         self.target.flush()
 
     def close(self) -> None:
+        if self.met or rendezvous_done():  # met rank 0, then logged nothing more: its lines are this run's
+            self._write_waiting()
         self.waiting.clear()  # never met rank 0: the lines were on the console, the folder is not this run's
         self.target.close()
         super().close()

@@ -51,6 +51,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("nl.run_dir", _resolve_run_dir)
         # cached: computed once on the sweep's own config, copied by Hydra into every job's config
         OmegaConf.register_new_resolver("nl.study", identity.study_id, use_cache=True)
+    if not OmegaConf.has_resolver("nl.tasks"):
+        OmegaConf.register_new_resolver("nl.tasks", launchers.tasks)
     launchers.register_launcher_defaults()  # hydra/launcher=submitit_*: one task per trainer.devices
 
 

@@ -135,6 +135,7 @@ SUBLAYERS = ("self_attn", "cross_attn", "ffn")
 # tests/test_observatory.py checks this against the callback's output
 STATISTICS = ("rms", "max_abs", "kurtosis", "out_rms", "out_max_abs", "entropy", "sink", "max_logit",
               "grad_norm", "grad_spike")
+PER_HEAD = ("entropy", "sink")  # also read one head at a time: sink_h0, entropy_h3
 
 
 def observatory_name_problem(name: str) -> tuple[str, tuple[str, ...]] | None:
@@ -148,8 +149,11 @@ def observatory_name_problem(name: str) -> tuple[str, tuple[str, ...]] | None:
         return f"{name!r}: {parts[0]!r} is not a stack of the observatory", STACKS
     if len(parts) == 3 and parts[1] not in SUBLAYERS:
         return f"{name!r}: {parts[1]!r} is not a kind of sub-layer of the observatory", SUBLAYERS
-    if parts[-1] not in STATISTICS:
-        return f"{name!r}: {parts[-1]!r} is not a statistic of the observatory", STATISTICS
+    stat, _, head = parts[-1].partition("_h")
+    per_head = stat in PER_HEAD and head.isdigit()  # one head's value, as the observatory names it
+    if parts[-1] not in STATISTICS and not per_head:
+        return (f"{name!r}: {parts[-1]!r} is not a statistic of the observatory",
+                (*STATISTICS, *(f"{s}_h<i>" for s in PER_HEAD)))
     return None
 
 
