@@ -316,7 +316,9 @@ def test_averaged_checkpoints_are_back_on_the_sphere_and_other_schemes_are_the_p
     seen = []
     monkeypatch.setattr(final_test, "evaluation_pass", lambda out, trainer, module, dm, split, ckpt, **_: seen.append(ckpt))
     trainer = type("T", (), {"is_global_zero": True, "strategy": type("S", (), {"barrier": lambda self: None})()})()
+    rng = torch.get_rng_state()
     final_test._averaged_test(trainer, None, None, tmp_path, 2)
+    assert torch.equal(torch.get_rng_state(), rng)  # building the model to renormalise draws no random numbers of the run's
     assert main_guard(average.main, [str(p) for p in paths] + ["--output", str(tmp_path / "avg.ckpt")]) == 0
     for path in (seen[0], tmp_path / "avg.ckpt"):
         evaluated = load_model(path)[0]
