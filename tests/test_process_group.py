@@ -142,6 +142,17 @@ def test_a_rank_above_0_logs_to_a_file_of_its_own(env, tmp_path, monkeypatch, ra
     assert f"a line of rank {rank}" in (tmp_path / written).read_text()
 
 
+def torchrun_rank_1(run, env, monkeypatch):
+    """Rank 1 of a torchrun job joined into `run`, its rendezvous with rank 0 faked: append to `met` to
+    meet rank 0. Returns (met, the logging state to restore)."""
+    met = []
+    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
+    monkeypatch.setattr(pg, "rendezvous_done", lambda: bool(met), raising=False)
+    env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
+    pg.join("train")
+    return met, before
+
+
 def test_a_rank_above_0_writes_its_log_only_after_meeting_rank_0(env, tmp_path, monkeypatch):
     """torchrun starts both ranks of a second copy of a running run at once; only rank 0 takes the
     folder's lock and is refused. Its rank 1 used to append its start-up lines to the running run's
@@ -150,12 +161,8 @@ def test_a_rank_above_0_writes_its_log_only_after_meeting_rank_0(env, tmp_path, 
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_ddp_process_1.log").write_text("[step 6] the running run's rank 1\n")
-    met = []
-    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
-    monkeypatch.setattr(pg, "rendezvous_done", lambda: bool(met), raising=False)
+    met, before = torchrun_rank_1(run, env, monkeypatch)
     try:
-        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
-        pg.join("train")
         logging.getLogger("normlab").warning("start-up line 1")
         logging.getLogger("normlab").warning("start-up line 2")
         assert (run / "train_ddp_process_1.log").read_text() == "[step 6] the running run's rank 1\n"
@@ -174,12 +181,8 @@ def test_a_rank_above_0_that_met_rank_0_keeps_every_line_to_its_end(env, tmp_pat
     closes; a line after the process group is gone (at exit) is written too."""
     run = tmp_path / "run"
     run.mkdir()
-    met = []
-    before = job_log(run / "train.log", monkeypatch, met_rank_0=False)
-    monkeypatch.setattr(pg, "rendezvous_done", lambda: bool(met), raising=False)
+    met, before = torchrun_rank_1(run, env, monkeypatch)
     try:
-        env(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE=2, RANK=1, LOCAL_RANK=1)
-        pg.join("train")
         logging.getLogger("normlab").warning("start-up line")
         met.append(True)
         logging.getLogger("normlab").warning("met")
