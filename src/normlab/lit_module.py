@@ -236,7 +236,7 @@ class Seq2SeqModule(L.LightningModule):
         peak = peak_lr(self.model_cfg.d_model, o.warmup, o.lr, o.scale)
         opt = build_optimizer(self.model, o, peak, self._adam_impl())  # optim.optimizer: adam | adamw
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
-        trainer = self._attached_trainer()  # cosine / linear decay to 0 at its max_steps (run_config checks it)
+        trainer = self._attached_trainer()  # cosine / linear: towards 0 by its max_steps (run_config checks it)
         total = int(trainer.max_steps) if trainer is not None and trainer.max_steps > 0 else None
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(o.schedule, s + 1, o.warmup, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
