@@ -92,7 +92,7 @@ def test_a_continued_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
 def test_finetune_weights_load_into_a_model_without_layerdrop_and_refuse_other_shapes():
     from normlab.config import ModelConfig
     from normlab.model.transformer import Seq2SeqTransformer
-    from normlab.train import load_finetune_weights
+    from normlab.start_checkpoint import load_finetune_weights
 
     base = dict(vocab_size=31, d_model=16, encoder_layers=2, decoder_layers=2, encoder_heads=2, decoder_heads=2,
                 encoder_ffn=32, decoder_ffn=32, max_positions=64)
@@ -128,7 +128,7 @@ def test_resume_weights_that_do_not_fit_the_typed_model_are_one_error():
     from normlab.config import ModelConfig
     from normlab.lit_module import Seq2SeqModule
     from normlab.settings import EvalSpec, OptimSpec
-    from normlab.train import check_weights_fit
+    from normlab.start_checkpoint import check_weights_fit
 
     base = dict(vocab_size=31, d_model=16, encoder_heads=2, decoder_heads=2, encoder_ffn=32, decoder_ffn=32,
                 max_positions=64, decoder_layers=1)

@@ -121,7 +121,7 @@ def identify(cfg: Any, runtime: Runtime | None = None) -> RunIdentity:
       2. the file: found (a file, or a run folder's checkpoint), readable, a normlab checkpoint, and
          for resume= a full-state one, not weights only (read here, raised by run_spec._validated);
       3. the model the command line builds with the checkpoint's settings (run_spec._not_combined);
-      4. the checkpoint against the run, before the data (train._start_point): its tokenizer, for
+      4. the checkpoint against the run, before the data (start_checkpoint.start_point): its tokenizer, for
          resume= the optimizer it trained with, then trainer.max_steps past its step;
       5. its weights against the model (a shape that does not fit), once the model is built."""
     runtime = Runtime.of(cfg) if runtime is None else runtime
