@@ -11,8 +11,8 @@ from normlab.config import ModelConfig
 from normlab.decoding.beam import beam_search
 from normlab.decoding.greedy import greedy_decode
 from normlab.checkpoint import load_model, save_model
-from normlab.model.attention import (FirstValues, L2QKNorm, MultiheadAttention, RMSQKNorm, ValueResidual,
-                                     build_qk_norm)
+from normlab.model.attention import FirstValues, MultiheadAttention, ValueResidual
+from normlab.model.qk_norms import L2QKNorm, RMSQKNorm, build_qk_norm
 from normlab.model.transformer import Seq2SeqTransformer
 from normlab.regularizers.pruning import prune
 

@@ -101,7 +101,7 @@ def _mha(**kw):
 def test_attention_map_is_what_the_forward_attends_with(case):
     """out_proj(p·V merged) from the map's probabilities equals the module's own (SDPA) forward, and its
     logits are q·k/√d_head: the map is the one the model used, masks, cap, sink and scale included."""
-    from normlab.model.attention import L2QKNorm
+    from normlab.model.qk_norms import L2QKNorm
 
     g = torch.Generator().manual_seed(1)
     x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)

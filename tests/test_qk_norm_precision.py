@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from normlab.config import NormConfig
-from normlab.model.attention import L2QKNorm, MultiheadAttention, QKVNorm, RMSQKNorm
+from normlab.model.attention import MultiheadAttention
+from normlab.model.qk_norms import L2QKNorm, QKVNorm, RMSQKNorm
 from normlab.model.norms import RMSNorm, ScaleNorm
 
 G0 = 11.98  # Henry et al.'s g₀ = log₂(L² − L) at L = 64, deep_recent's QK-norm arm

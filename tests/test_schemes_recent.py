@@ -12,7 +12,8 @@ from torch import nn
 
 from normlab.checkpoint import load_model, save_model
 from normlab.config import ConfigError, ModelConfig
-from normlab.model.attention import MultiheadAttention, QKVNorm
+from normlab.model.attention import MultiheadAttention
+from normlab.model.qk_norms import QKVNorm
 from normlab.model.norms import RMSNorm
 from normlab.model.residual import ResidualBlock
 from normlab.model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
@@ -284,7 +285,7 @@ def test_other_placements_have_no_qkv_norm():
 
 def test_qkv_norm_and_qk_norm_are_refused_together_in_the_module():
     from normlab.config import NormConfig
-    from normlab.model.attention import RMSQKNorm
+    from normlab.model.qk_norms import RMSQKNorm
 
     with pytest.raises(ValueError, match="QKV-norm"):
         MultiheadAttention(D, 2, inner_norm=QKVNorm(NormConfig(), D), qk_norm=RMSQKNorm(D // 2, 1e-5))

@@ -62,12 +62,12 @@ def test_model_package_imports_nothing_upstream():
 def test_choice_lists_are_the_owners():
     from normlab import config, losses, lr_schedule, settings
     from normlab.config import ConfigError, NormConfig
-    from normlab.model import attention, initialization, norms, schemes
+    from normlab.model import initialization, norms, qk_norms, schemes
     from normlab.regularizers import layerdrop
 
     assert config.PLACEMENTS is schemes.PLACEMENTS == tuple(schemes.SCHEMES)  # the registry owns them
     assert config.INITS is initialization.INITS
-    assert config.QK_NORMS is attention.QK_NORMS
+    assert config.QK_NORMS is qk_norms.QK_NORMS
     assert config.LAYERDROP_RATES is layerdrop.RATES and settings.LR_SCHEDULES is lr_schedule.SCHEDULES
     assert settings.LABEL_SMOOTHING_CONVENTIONS is losses.CONVENTIONS
     with pytest.raises(ConfigError, match=r"\(allowed: " + ", ".join(norms.NORMS) + r"\)"):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from normlab.errors import UserError
-from normlab.model.attention import QK_NORMS
+from normlab.model.qk_norms import QK_NORMS
 from normlab.model.hyper import MIXINGS as RESIDUAL_MIXINGS, RESIDUALS, STREAMS as RESIDUAL_STREAMS
 from normlab.model.hyper import refusal as residual_refusal
 from normlab.model.aggregation import AGGREGATION_STACKS, AGGREGATIONS
@@ -147,7 +147,7 @@ class ModelConfig:
     # (LayerNorm's β, DyT's and Derf's β); the FFN keeps its own (x-transformers' default; PaLM and
     # LLaMA drop every bias). A research axis: how biases interact with normalisation.
     bias: bool = True
-    # QK-norm (model/attention.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
+    # QK-norm (model/qk_norms.py) in every attention of both stacks: none | l2 (Henry et al. 2020,
     # logits g·q̂·k̂, g₀ = qk_norm_scale_init, null: log₂(L² − L) with L = max_positions) | rms (OLMo 2).
     qk_norm: str = "none"
     qk_norm_scale_init: float | None = None

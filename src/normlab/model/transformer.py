@@ -18,8 +18,8 @@ from torch import nn
 
 from typing import TYPE_CHECKING
 
-from normlab.model.attention import (FirstValues, IncrementalCache, MultiheadAttention, ValueResidual, build_qk_norm,
-                                     henry_scale_init)
+from normlab.model.attention import FirstValues, IncrementalCache, MultiheadAttention, ValueResidual
+from normlab.model.qk_norms import build_qk_norm, henry_scale_init
 from normlab.model.dropout import Dropout
 from normlab.model.embeddings import (InputEmbedding, LearnedPositions, OutputProjection,
                                       SinusoidalPositions, TokenEmbedding)

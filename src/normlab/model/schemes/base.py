@@ -96,7 +96,7 @@ class Scheme:
 
     # ---- modules a scheme replaces (None: the model's own) and the constraint it keeps -------------
     def qk_norm(self, heads: int, head_dim: int, d: int) -> nn.Module | None:
-        """The attention's q / k normalisation (the `query`, `key`, `sdpa_scale` of attention.py's), or None."""
+        """The attention's q / k normalisation (the `query`, `key`, `sdpa_scale` of qk_norms.py's), or None."""
         return None
 
     def feed_forward(self, d: int, ffn: int, activation_dropout: float) -> nn.Module | None:

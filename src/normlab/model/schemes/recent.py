@@ -10,7 +10,7 @@ from fractions import Fraction
 import torch
 from torch import nn
 
-from normlab.model.attention import QKVNorm
+from normlab.model.qk_norms import QKVNorm
 from normlab.model.schemes.base import OWN_CROSS_LAYER, SCHEMES, Scheme
 from normlab.model.schemes.classic import Post, Pre
 
@@ -133,7 +133,7 @@ class Hybrid(Scheme):
     ffn_norm true with ffn_residual_after_norm true, OLMo's final ln_f): in a layer, h = N(x + Attn(x)),
     out = h + FFN(h). The paper's "Post-Norm in the FFN" is this norm between the attention's add and
     the FFN, not N(x + FFN(x)) after the FFN's add. The QKV norms are per head (QKVNorm in
-    attention.py, as the authors'), one of norm.type each for q, k and v, in self- and cross-attention
+    qk_norms.py, as the authors'), one of norm.type each for q, k and v, in self- and cross-attention
     alike (the paper's decoder-only model has no cross-attention: its keys and values, from the
     encoder, are normalised as a self-attention's). A decoder layer: x + SelfAttn, + CrossAttn, then N
     and the FFN. The stack's output h + FFN(h) is un-normalised, hence the final N. HybridNorm*, the
