@@ -88,3 +88,45 @@ def test_formerly_must_be_a_list_of_other_names(tmp_path):
         path.write_text(text.replace("formerly: [twt_lowres]", bad))
         with pytest.raises(UserError, match="formerly"):
             load_study(str(path))
+
+
+def committed(tmp_path, name: str) -> Path:
+    out = tmp_path / "experiments" / name
+    shutil.copytree(ROOT / "experiments" / name / "runs", out / "runs")
+    return out
+
+
+def test_the_readme_and_the_index_name_the_w_and_b_group_of_a_renamed_studys_runs(tmp_path):
+    """twt_lowres_2k's README says its runs are in study-twt_lowres, the group the study twt_lowres now
+    runs in too, and that its new runs go to study-twt_lowres_2k; layerdrop_prune_2k's also names the
+    runs it holds that trained as twt_lowres; the index lists both (was: no word of the groups)."""
+    from normlab.study.claims import judge
+    from normlab.study.index import update_index
+    from normlab.study.readme import write_study
+    from normlab.study.records import load_records
+
+    for name in ("twt_lowres_2k", "layerdrop_prune_2k"):
+        study, out = load_study(name), committed(tmp_path, name)
+        by_arm = load_records(out)
+        write_study(study, by_arm, judge(study, by_arm, None), out, f"normlab-study {name}")
+    text = (tmp_path / "experiments" / "twt_lowres_2k" / "README.md").read_text()
+    assert ("W&B groups of its runs (the group a run trained in; W&B cannot regroup a run): `study-twt_lowres` "
+            "(8 runs, trained under this study's former name twt_lowres; the study twt_lowres now runs in this "
+            "group too") in text
+    assert "New runs of this study go to `study-twt_lowres_2k`." in text
+    claims = json.loads((tmp_path / "experiments" / "twt_lowres_2k" / "claims.json").read_text())
+    assert claims["cost"]["groups"] == {"study-twt_lowres": 8} and claims["formerly"] == ["twt_lowres"]
+    text = (tmp_path / "experiments" / "layerdrop_prune_2k" / "README.md").read_text()
+    assert "`study-layerdrop_prune` (6 runs, trained under this study's former name layerdrop_prune;" in text
+    assert "`study-twt_lowres` (2 runs, trained as twt_lowres: runs it shares)" in text
+    index = tmp_path / "experiments" / "README.md"
+    update_index(index)
+    index_text = index.read_text()
+    assert "## W&B groups" in index_text
+    assert "- [twt_lowres_2k](twt_lowres_2k/): W&B groups of its runs" in index_text
+    assert "- [layerdrop_prune_2k](layerdrop_prune_2k/): W&B groups of its runs" in index_text
+    # a study whose runs are all in its own group: nothing to say
+    from normlab.study.readme import group_text
+
+    assert group_text("twt_lowres", "full", {"study-twt_lowres": 6}) == ""
+    assert group_text("twt_lowres", "full", {}) == ""
