@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from normlab.commands import runs as runs_cmd
+from normlab.commands.common import main_guard
+from normlab.commands.report_runs import find_runs, key_of
 from normlab.errors import UserError
 from normlab.study.runner import shared_index
 from normlab.study.spec import load_study
@@ -130,3 +133,14 @@ def test_the_readme_and_the_index_name_the_w_and_b_group_of_a_renamed_studys_run
 
     assert group_text("twt_lowres", "full", {"study-twt_lowres": 6}) == ""
     assert group_text("twt_lowres", "full", {}) == ""
+
+
+def test_report_and_runs_name_a_record_by_the_study_that_holds_it_now(tmp_path, capsys):
+    """A twt_lowres_2k record says study.name twt_lowres (the name when it was written, now another
+    study's): `report --rows study` and `normlab-runs` show twt_lowres_2k (was: twt_lowres, mixing the
+    two regimes in one row)."""
+    out = committed(tmp_path, "twt_lowres_2k")
+    runs = find_runs([str(out / "runs")])
+    assert len(runs) == 8 and {key_of(r, ["study"]) for r in runs} == {("twt_lowres_2k",)}
+    assert main_guard(runs_cmd.main, [str(tmp_path / "experiments"), "--json"]) == 0
+    assert {r["study"] for r in json.loads(capsys.readouterr().out)} == {"twt_lowres_2k"}
