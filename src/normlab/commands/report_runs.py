@@ -15,6 +15,7 @@ import normlab.resolvers  # noqa: F401  (a run's saved config is unresolved: nl.
 from normlab.commands.common import CommandError
 from normlab.json_file import json_object
 from normlab.outcome import FINISHED, UNFINISHED
+from normlab.study.records import holding_study
 
 # Statuses a run records itself (normlab/outcome.py): diverged and stalled runs are results, not
 # failures; stopped and preempted runs are continued by the same command: shown as what they are.
@@ -40,6 +41,7 @@ class Run:
         # keep the study and arm it was trained as (another study's, for a run two studies share)
         labels = _dict(self.results.get("labels"))
         held = _dict(self.results.get("study"))
+        held = {**held, "name": holding_study(self.path, self.results)}  # its folder's: a renamed study's current name
         holder = {k: held[field] for k, field in (("study", "name"), ("arm", "arm")) if held.get(field)}
         for source in (holder, labels, self.choices, self.config, self.results, self.overrides):  # overrides: strings
             if key in source and not isinstance(source[key], dict):

@@ -46,6 +46,7 @@ from normlab.commands.study import SHARED_RUNS
 from normlab.outcome import Status
 from normlab.run_folder import CREATED_FORMAT, MULTIRUN, OUTPUTS, RUN_FILE, full_checkpoints, held_elsewhere
 from normlab.study.damaged import json_object, results_problem
+from normlab.study.records import holding_study
 
 DEFAULT_FOLDERS = (OUTPUTS, MULTIRUN, str(SHARED_RUNS))  # where train.py and normlab-study put run folders
 TRAINING, NO_RECORD, DAMAGED = "training", "no record", "damaged"
@@ -189,7 +190,7 @@ def read_row(folder: Path, shown: str) -> dict:
             # a study's record names the study and arm that hold the run; the labels, the ones it
             # was trained as (another study's, for a run two studies share: docs/studies.md)
             "arm": study_record.get("arm") or given.get("arm") or labels.get("arm"),
-            "study": study_record.get("name") or given.get("study") or res_labels.get("study")
+            "study": holding_study(folder, results) or given.get("study") or res_labels.get("study")
             or _study_of_group(results.get("group") or config.get("group")),
             "seed": seed, "valid_bleu": _number(results.get("valid_bleu")),
             "test_bleu": _number(results.get("test_bleu")), "wall_s": _number(results.get("wall_s")),

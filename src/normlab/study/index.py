@@ -50,6 +50,24 @@ def cost_table(folder: Path) -> list[str]:
             f"**{total_hours:.2f}** |"]
 
 
+def group_table(folder: Path) -> list[str]:
+    """Where the full-budget studies' runs are in W&B, for each study with runs outside its own group
+    (study-<name>): a renamed study's runs from before the rename are in its former name's group, which
+    a newer study of that name uses too (readme.group_text, from claims.json's `cost.groups`)."""
+    from normlab.study.readme import group_text
+
+    rows = []
+    for path in sorted(folder.glob("*/claims.json")):
+        data = json.loads(path.read_text())
+        if data.get("budget") != "full":
+            continue
+        text = group_text(data["study"], "full", (data.get("cost") or {}).get("groups") or {},
+                          tuple(data.get("formerly") or ()))
+        if text:
+            rows.append(f"- [{data['study']}]({path.parent.name}/): {text}")
+    return ["## W&B groups", "", *rows, ""] if rows else []
+
+
 def update_index(index: Path) -> None:
     """Rewrite the claims table of experiments/README.md from every study's claims.json."""
     rows = [INDEX_TEXT, "", *INDEX_HEADER]
@@ -58,7 +76,7 @@ def update_index(index: Path) -> None:
         if data.get("budget") != "full":
             continue
         rows += [index_row(data["study"], path.parent.name, c) for c in data["claims"]]
-    table = "\n".join([BEGIN, *rows, "", *cost_table(index.parent), END])
+    table = "\n".join([BEGIN, *rows, "", *group_table(index.parent), *cost_table(index.parent), END])
     text = index.read_text() if index.is_file() else "# Studies\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)

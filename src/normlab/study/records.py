@@ -186,6 +186,18 @@ def is_test_bleu(metric: str) -> bool:
     return metric == "test_bleu" or (metric.startswith("prune.") and metric.endswith(".test_bleu"))
 
 
+def holding_study(record: Path, results: dict) -> str | None:
+    """The study that holds a record: the folder it is in (<study>/runs/<arm>-s<seed>/, as the runner
+    writes it), which is the study's current name; results.json's `study.name` is the name the study
+    had when it wrote the record (twt_lowres for twt_lowres_2k's, a name another study has now), read
+    for a record elsewhere. None: not a study's record."""
+    held = results.get("study")
+    if not isinstance(held, dict):
+        return None
+    in_place = record.parent.name == "runs" and record.name == f"{held.get('arm')}-s{held.get('seed')}"
+    return record.parent.parent.name if in_place else held.get("name")
+
+
 def load_records(out: Path) -> dict[str, list[Record]]:
     """{arm: [records sorted by seed]}; a damaged record is named and left out (study/damaged.py)."""
     by_arm: dict[str, list[Record]] = {}

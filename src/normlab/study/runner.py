@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from normlab.identity import study_group
 from normlab.outcome import FINISHED
 from normlab.study.damaged import is_damaged, json_object, read_results
 from normlab.study.plan import Job
-from normlab.study.spec import Study
+from normlab.study.spec import Study, own_groups
 
 
 
@@ -85,8 +84,12 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
 
 def shared_index(records: Path) -> dict[str, Path]:
     """{identity hash: the record of that run} over <records>/<study>/runs/: finished runs a study
-    trained (the study that trained a run wins over one that adopted it)."""
+    trained (the study that trained a run wins over one that adopted it). Trained there: the record's
+    W&B group is the folder's study's, under its name or one it had before a rename (spec.own_groups:
+    twt_lowres_2k's records are in study-twt_lowres); `shared_from` alone does not say so, a record
+    written from a run folder another study trained has none."""
     index: dict[str, Path] = {}
+    groups: dict[str, set[str]] = {}
     for res_path in sorted(records.glob("*/runs/*/results.json")) if records.is_dir() else []:
         if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
             continue
@@ -94,7 +97,8 @@ def shared_index(records: Path) -> dict[str, Path]:
         if res is None:
             continue
         if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
-            trained_here = res.get("group") == study_group(res_path.parents[2].name)  # the study that trained it
+            study = res_path.parents[2].name
+            trained_here = res.get("group") in groups.setdefault(study, own_groups(study))  # the study that trained it
             if trained_here or res["identity_hash"] not in index:
                 index[res["identity_hash"]] = res_path.parent
     return index

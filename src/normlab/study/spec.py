@@ -3,6 +3,8 @@ report layout and claims; this module reads and checks it, so a bad study file i
 the key before any run starts.
 
     title, paper, question: what the study asks, and of which paper
+    formerly: [twt_lowres]     # the names the study had before it was renamed (twt_lowres_2k): its
+                               # records trained then are in W&B group study-<former name> (own_groups)
     design: why this model, corpus and budget (the README prints it)
     common: [overrides every arm gets]         seeds: [1, 2, 3]
     arms: {name: {overrides: [...], label: "...", prune: {depths: [3], strategies: [...]},
@@ -31,6 +33,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from normlab.errors import UserError
+from normlab.identity import study_group
 # the claims' definition and checks (Claim: claims.py and the tests import it from here)
 from normlab.study.claim_check import Claim, check_claim, sensitivity_screen
 from normlab.study.screen import Screen, load_screen
@@ -107,6 +110,7 @@ class Study:
     reference: str | None = None        # the arm `trains` claims are measured against (with trains_bar)
     trains_bar: TrainsBar | None = None  # set when reference is
     plateau: Plateau | None = None      # None: no comparison is judged budget-bound
+    formerly: tuple[str, ...] = ()      # the names it had before a rename (its old runs' W&B groups)
 
     def screened(self, arm: Arm) -> bool:
         return self.screen is not None and arm.screen
@@ -172,7 +176,31 @@ def load_study(name: str, budget: str = "full") -> Study:
                  best_of=best_of, claims=tuple(claims), budget=budget, budget_overrides=tuple(extra),
                  paper_preset=raw.get("paper_preset") or {}, curves=str(plots.get("curves") or "valid_loss"),
                  table_metrics=tuple(raw.get("table_metrics") or Study.table_metrics), kind=kind, probe=probe,
-                 prune_overrides=prune_extra, screen=screen, **_judging(raw, where, arms))
+                 prune_overrides=prune_extra, screen=screen, formerly=_formerly(raw, where, name),
+                 **_judging(raw, where, arms))
+
+
+def _formerly(raw: dict, where: str, name: str) -> tuple[str, ...]:
+    """`formerly:` the study's earlier names (a list of names, not its own)."""
+    node = raw.get("formerly") or []
+    if not isinstance(node, list) or not all(isinstance(n, str) and n and n != name for n in node):
+        raise UserError(f"{where}: formerly", f"must be a list of the study's earlier names (got {node!r})")
+    return tuple(node)
+
+
+def own_groups(name: str) -> set[str]:
+    """The W&B groups (full budget) a study's own runs were trained in: study-<name>, and study-<former
+    name> for each name in its file's `formerly:` (a run keeps the group it was trained in; a renamed
+    study's runs from before the rename are in its old name's group). Read without checking the rest
+    of the file; a folder with no study file (an earlier study's page): its own name's only."""
+    path = study_dir() / f"{name}.yaml"
+    formerly: list = []
+    if path.is_file():
+        try:
+            formerly = OmegaConf.to_container(OmegaConf.load(path)).get("formerly") or []
+        except Exception:  # unreadable: named when the study itself is loaded
+            formerly = []
+    return {study_group(n) for n in [name, *(f for f in formerly if isinstance(f, str))]}
 
 
 def _read(name: str) -> tuple[Path, dict]:
