@@ -180,9 +180,8 @@ class Seq2SeqModule(L.LightningModule):
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
     def on_train_start(self) -> None:
-        # resume= restores the optimizer's lr as the checkpoint's scheduler set it for the next update;
-        # under another trainer.max_steps (a decaying schedule's total) the run's schedule applies from
-        # that update on, as fairseq's step_update on load does (otherwise the lr is the same: a no-op)
+        # resume= restores the lr the checkpoint's schedule set for the next update; under another max_steps
+        # the run's own applies from that update on, as fairseq's step_update on load (else: a no-op)
         sched = self.lr_schedulers()
         if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
             for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
@@ -246,8 +245,7 @@ class Seq2SeqModule(L.LightningModule):
         opt = build_optimizer(self.model, o, peak, self._adam_impl())  # optim.optimizer: adam | adamw
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
         trainer = self._attached_trainer()  # cosine / linear: towards 0 by its max_steps (run_config checks it)
-        total = int(trainer.max_steps) if trainer is not None and trainer.max_steps > 0 else None
-        self.lr_total = total
+        self.lr_total = total = int(trainer.max_steps) if trainer is not None and trainer.max_steps > 0 else None
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(o.schedule, s + 1, o.warmup, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
