@@ -190,8 +190,8 @@ def test_the_guards_watch_the_loss_without_z_loss():
 
 
 def test_a_skip_under_fp16s_scaler_with_fused_adam_steps_nothing(monkeypatch):
-    """16-mixed with fused Adam (a resume= keeps its checkpoint's `fused` flag, whatever adam_on_gpu picks):
-    Lightning calls scaler.step and scaler.update after a skip too, and update() needs this step's inf
+    """16-mixed with fused Adam (which adam_on_gpu avoids with skip_spikes today; the gate does not rely on
+    it): Lightning calls scaler.step and scaler.update after a skip too, and update() needs this step's inf
     check, which fused Adam makes only in its step over the gradients the skip has dropped. Driven as on a
     GPU, on the CPU: torch's GradScaler("cpu"), fused Adam on the CPU, Lightning's MixedPrecision."""
     from lightning.pytorch.plugins.precision import MixedPrecision

@@ -52,9 +52,10 @@ def drop_(params: list) -> None:
 # no gradient steps nothing. Fused Adam unscales in its own step, so the check would be made in step()
 # over the gradients left: none, and update() raised "No inf checks were recorded prior to update".
 # Unscaling it here first records the check (a finite one: the scale grows as after any good step, as
-# with the other optimizers), and step() then hands fused Adam no scale and no gradient. A fused
-# optimizer under 16-mixed with skip_spikes: adam_on_gpu picks the unfused one for a new run, but a
-# resume= keeps its checkpoint's flags (torch's load_state_dict restores each group's `fused`).
+# with the other optimizers), and step() then hands fused Adam no scale and no gradient. A run does not
+# reach this today: with skip_spikes under mixed precision adam_on_gpu picks the unfused Adam (and a
+# resume= of a fused checkpoint restores the group's `fused` flag but not the optimizer's
+# _step_supports_amp_scaling, so Lightning unscales it as any other); the gate no longer relies on that.
 
 
 def gate_update(optimizer, precision_plugin, stats, spikes, step: int, clip_val, clip_algorithm) -> bool:
