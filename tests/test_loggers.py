@@ -190,3 +190,109 @@ def test_a_finished_offline_run_is_waited_for_until_its_file_holds_the_exit_reco
     assert time.monotonic() - start >= 0.3  # returned once the file was whole, not before
     assert [r.WhichOneof("record_type") for r in records(path)] == ["run", "exit"]
     assert not wait_until_finished(tmp_path / "empty", timeout=0.1)  # no run file at all: not finished
+
+
+def leveldb_log(recs) -> bytes:
+    """A whole W&B run file as wandb writes it: the header, then each record in chunks that never cross
+    a 32 KiB block (first / middle / last where one does), a block's last < 7 bytes zero-filled."""
+    import struct
+
+    out = bytearray(b":W&B\x00\x00\x01")
+    for rec in recs:
+        data, first = rec.SerializeToString(), True
+        while True:
+            room = 32768 - len(out) % 32768
+            if room < 7:
+                out += b"\x00" * room
+                continue
+            part, data = data[:room - 7], data[room - 7:]
+            kind = (1 if first else 4) if not data else (2 if first else 3)
+            out += struct.pack("<IHB", 0, len(part), kind) + part
+            first = False
+            if not data:
+                break
+    return bytes(out)
+
+
+def test_waiting_for_the_exit_record_reads_each_byte_of_the_run_file_about_once(tmp_path, monkeypatch):
+    """A long run's file is megabytes and the wait runs while a SIGTERM is deferred: each look reads only
+    what was appended since the last, taking a chunk only once it is whole (records across blocks too)."""
+    import pathlib
+    import threading
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from normlab.wandb_files import records, wait_until_finished
+
+    recs = [pb.Record()]
+    recs[0].run.run_group = "study-x"
+    for step in range(120):  # ~120 KiB: four blocks, records split across them
+        rec = pb.Record()
+        item = rec.history.item.add()
+        item.key, item.value_json = "trainer/global_step", str(step)
+        rec.history.item.add(key="pad", value_json='"' + "x" * 1000 + '"')
+        recs.append(rec)
+    recs.append(pb.Record())
+    recs[-1].exit.exit_code = 0
+    data, path = leveldb_log(recs), tmp_path / "run-abc.wandb"
+    cut = len(data) - 7 - len(recs[-1].SerializeToString()) - 20  # inside the last history record's chunk
+    path.write_bytes(data[:cut])
+
+    read, looked = [0], threading.Semaphore(0)
+    real_open = pathlib.Path.open
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+            looked.release()
+
+        def seek(self, *a):
+            return self.f.seek(*a)
+
+        def read(self, *a):
+            got = self.f.read(*a)
+            read[0] += len(got)
+            return got
+
+    def counted_open(self, mode="r", *a, **k):
+        f = real_open(self, mode, *a, **k)
+        return Counted(f) if self == path and "r" in mode else f
+    monkeypatch.setattr(pathlib.Path, "open", counted_open)
+
+    def append_later():
+        for piece in (data[cut:-3], data[-3:]):  # the exit record's chunk cut in two
+            for _ in range(2):  # the waiter looks twice at each state of the file
+                looked.acquire(timeout=30)
+            with real_open(path, "ab") as f:
+                f.write(piece)
+    writer = threading.Thread(target=append_later)
+    writer.start()
+    assert wait_until_finished(tmp_path, timeout=60)
+    writer.join()
+    assert read[0] < 1.2 * len(data)  # re-parsing the whole file at each look reads it >= 5 times
+    assert [r.WhichOneof("record_type") for r in records(path)] == ["run"] + ["history"] * 120 + ["exit"]
+
+
+def test_a_run_file_without_its_exit_record_is_reported_in_one_line(tmp_path, caplog):
+    """A timeout is not silent: the run's result is whole, but `wandb sync` may upload less of it."""
+    import logging
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from normlab.wandb_files import wait_until_finished
+
+    run = pb.Record()
+    run.run.run_group = "study-x"
+    path = tmp_path / "run-abc.wandb"
+    path.write_bytes(leveldb_log([run]))
+    with caplog.at_level(logging.WARNING, logger="normlab"):
+        assert not wait_until_finished(tmp_path, timeout=0.1)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (f"W&B offline run file {path} has no exit record after 0.1 s: `wandb sync` may miss "
+                    "its last records")

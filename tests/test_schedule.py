@@ -126,3 +126,17 @@ def test_a_decaying_schedule_without_steps_after_its_warmup_is_refused(steps):
                             f"{steps} is not after optim.warmup=100 (allowed: trainer.max_steps above optim.warmup, "
                             "or optim.schedule=inverse_sqrt|constant|inverse_sqrt_hold)")
     validated(compose_cfg(["optim.schedule=cosine", "optim.warmup=100", "trainer.max_steps=101"]))
+
+
+def test_a_changed_total_is_told_for_a_decaying_schedule_only():
+    """resume= under another trainer.max_steps (tests/test_schedule_resume.py trains it): inverse_sqrt has
+    no total, so nothing; a checkpoint from before the total was recorded is told by its lr alone."""
+    from normlab.lr_schedule import total_change_note
+
+    sched = {"_last_lr": [1.5e-3], "base_lrs": [2e-3]}  # a cosine to 8, warmup 2, after 4 updates
+    assert total_change_note("inverse_sqrt", 2, 4, 8, 12, sched) is None
+    assert total_change_note("cosine", 2, 4, 8, 8, sched) is None
+    assert total_change_note("cosine", 2, 4, None, 8, sched) is None  # unrecorded, but the same lr
+    assert total_change_note("cosine", 2, 4, None, 12, sched) == (
+        "optim.schedule=cosine decays to 0 by trainer.max_steps, which is now 12: the learning rate of update 5 "
+        "jumps from 0.0015 to 0.001809")

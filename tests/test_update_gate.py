@@ -187,3 +187,30 @@ def test_the_guards_watch_the_loss_without_z_loss():
     out, plain = with_z.training_step(b, 0), without.training_step(b, 0)
     assert out["loss"] > plain + 0.1  # z = 0.3 of log²Z ≈ log² 40 per token: the objective moved
     torch.testing.assert_close(out["token_loss"], plain.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_skip_under_fp16s_scaler_with_fused_adam_steps_nothing(monkeypatch):
+    """16-mixed with fused Adam (which adam_on_gpu avoids with skip_spikes today; the gate does not rely on
+    it): Lightning calls scaler.step and scaler.update after a skip too, and update() needs this step's inf
+    check, which fused Adam makes only in its step over the gradients the skip has dropped. Driven as on a
+    GPU, on the CPU: torch's GradScaler("cpu"), fused Adam on the CPU, Lightning's MixedPrecision."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    monkeypatch.setattr(Seq2SeqModule, "_adam_impl", lambda self: {"fused": True})
+    spiky = dataclasses.replace(OPTIM, skip_spikes=100.0, spike_window=2, warmup=8)
+    rec, steps = _Record(), 6
+    torch.manual_seed(0)
+    module = Seq2SeqModule(MODEL, optim=spiky, eval=EvalSpec())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=[SpikeAtStep(step=3), rec],
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch(s, 4) for s in range(steps)],
+                                                                      batch_size=None))
+    assert trainer.optimizers[0].param_groups[0]["fused"]
+    assert module.spikes.record() == {"skipped_updates": 1, "skipped_steps": [3]}
+    for n, w in rec.weights[3].items():  # the update of step 3 did not happen: weights as after step 2
+        assert torch.equal(w, rec.weights[2][n]), n
+    assert rec.adam_steps == [1, 2, 3, 3, 4, 5]  # fused Adam's own count skips it too
+    assert scaler.get_scale() == 2.0 ** 8  # no overflow, no growth yet (growth_interval 2000)

@@ -179,6 +179,14 @@ class Seq2SeqModule(L.LightningModule):
         trainer = self._attached_trainer()
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
+    def on_train_start(self) -> None:
+        # resume= restores the lr the checkpoint's schedule set for the next update; under another max_steps
+        # the run's own applies from that update on, as fairseq's step_update on load (else: a no-op)
+        sched = self.lr_schedulers()
+        if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+            for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+                group["lr"] = base * factor(sched.last_epoch)
+
     def on_before_optimizer_step(self, optimizer) -> None:
         """Under accumulation: the gradient divided by the update's target tokens (update_gradient.py)."""
         k = self._accumulation()
@@ -237,7 +245,7 @@ class Seq2SeqModule(L.LightningModule):
         opt = build_optimizer(self.model, o, peak, self._adam_impl())  # optim.optimizer: adam | adamw
         # LambdaLR's counter is 0 for the first optimizer step; the paper counts from 1.
         trainer = self._attached_trainer()  # cosine / linear: towards 0 by its max_steps (run_config checks it)
-        total = int(trainer.max_steps) if trainer is not None and trainer.max_steps > 0 else None
+        self.lr_total = total = int(trainer.max_steps) if trainer is not None and trainer.max_steps > 0 else None
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(o.schedule, s + 1, o.warmup, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -380,6 +388,8 @@ class Seq2SeqModule(L.LightningModule):
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["model_config"] = self.model_cfg.to_dict()
+        # the total a decaying schedule reaches 0 by: resume= under another trainer.max_steps says so
+        checkpoint["lr_schedule_total"] = getattr(self, "lr_total", None)
         if self.spikes is not None:  # the window survives a kill: a continued run skips as a straight one
             checkpoint["spike_gate"] = self.spikes.state_dict()
         if self.tokenizer_proto is not None:

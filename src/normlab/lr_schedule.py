@@ -70,3 +70,21 @@ def lr_factor(schedule: str, step: int, warmup: int, total: int | None = None) -
     if schedule == "inverse_sqrt_hold":
         return inverse_sqrt_hold_factor(step, warmup)
     return inverse_sqrt_factor(step, warmup)
+
+
+def total_change_note(schedule: str, warmup: int, step: int, was: int | None, now: int, scheduler: dict) -> str | None:
+    """resume= of a checkpoint at `step` whose decaying schedule went to 0 by `was` (its trainer.max_steps;
+    None: a checkpoint from before it was recorded) under trainer.max_steps=`now`: the learning rate of
+    the next update, as the checkpoint's schedule had it and as the run's is, in words (None when the
+    same). Extending a run is legitimate (fairseq and Lightning let it be done), but the lr then jumps
+    at once rather than following either curve, which a reader of the curves should be told. The lr
+    before is the checkpoint's scheduler's own (LambdaLR's `_last_lr`, the lr it set for that update)."""
+    if schedule not in DECAYING or was == now:
+        return None
+    before, peak = scheduler["_last_lr"][0], scheduler["base_lrs"][0]
+    after = peak * lr_factor(schedule, step + 1, warmup, now)
+    if was is None and math.isclose(before, after, rel_tol=1e-9, abs_tol=1e-15):
+        return None
+    total = f"changed from {was} (the checkpoint's) to {now}" if was is not None else f"is now {now}"
+    return (f"optim.schedule={schedule} decays to 0 by trainer.max_steps, which {total}: the learning rate of "
+            f"update {step + 1} jumps from {before:.4g} to {after:.4g}")

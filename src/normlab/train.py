@@ -30,6 +30,7 @@ from normlab.callbacks import RunValues, instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.hardware import cpu_info, cpu_seconds, device_text
 from normlab.lit_module import Seq2SeqModule
+from normlab.lr_schedule import total_change_note
 from normlab.model.attention import shape_free_sdpa
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
@@ -206,6 +207,12 @@ def _announce(leg: _Leg) -> None:
         log.log(level, line)
     if leg.spec.finetune and leg.cont.checkpoint is None:
         log.info("fine-tuning from the weights of %s", leg.start.ckpt)
+    if leg.spec.resume and leg.cont.checkpoint is None and leg.start.state.get("lr_schedulers"):
+        o, state = leg.spec.optim, leg.start.state
+        note = total_change_note(o.schedule, o.warmup, leg.start.step, state.get("lr_schedule_total"),
+                                 leg.spec.max_steps, state["lr_schedulers"][0])
+        if note:
+            log.warning("resume=%s: %s", leg.spec.start, note)
     full = leg.find(FullStateCheckpoint)
     if full is not None and not full.every and not leg.spec.choices.get("debug"):  # debug runs restart anyway
         log.warning(NO_CONTINUATION)

@@ -46,6 +46,18 @@ def drop_(params: list) -> None:
         p.grad = None
 
 
+# A skip under fp16's GradScaler: Lightning still calls scaler.step and scaler.update after this
+# (MixedPrecision.optimizer_step), and update() needs the inf check of this step. Where Lightning has
+# unscaled the gradients (every optimizer but fused Adam) the check was recorded then, and step() with
+# no gradient steps nothing. Fused Adam unscales in its own step, so the check would be made in step()
+# over the gradients left: none, and update() raised "No inf checks were recorded prior to update".
+# Unscaling it here first records the check (a finite one: the scale grows as after any good step, as
+# with the other optimizers), and step() then hands fused Adam no scale and no gradient. A run does not
+# reach this today: with skip_spikes under mixed precision adam_on_gpu picks the unfused Adam (and a
+# resume= of a fused checkpoint restores the group's `fused` flag but not the optimizer's
+# _step_supports_amp_scaling, so Lightning unscales it as any other); the gate no longer relies on that.
+
+
 def gate_update(optimizer, precision_plugin, stats, spikes, step: int, clip_val, clip_algorithm) -> bool:
     """The update's gradient norm, once (stats.grad_norm, the one host sync per update: skipping decides
     before the step), true under fp16 (divided by the loss scale where the optimizer unscales in its own
@@ -64,16 +76,18 @@ def gate_update(optimizer, precision_plugin, stats, spikes, step: int, clip_val,
         norm = norm / scale  # on the device: still the one host sync below
     value = stats.grad_norm = float(norm)
     scaler = getattr(precision_plugin, "scaler", None)
+    fused_scaling = scaler is not None and unscales_in_step(optimizer)
     if not math.isfinite(value) and scaler is None:
         drop_(params)
         return False
     if spikes is not None and math.isfinite(value) and spikes.skip(value, step):
+        if fused_scaling:  # the scaler's inf check of this step, before its gradients go (above)
+            scaler.unscale_(optimizer)
         drop_(params)
         return False
     if clip_val and math.isfinite(value):  # the share of updates clipping shortens
         stats.clipped += float(value > clip_val)
         stats.clip_steps += 1
-    fused_scaling = scaler is not None and unscales_in_step(optimizer)
     if clip_val and clip_algorithm in (None, "norm") and not fused_scaling:
         torch.nn.utils.clip_grads_with_norm_(params, clip_val, norm)
         return False
