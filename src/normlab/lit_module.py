@@ -388,8 +388,7 @@ class Seq2SeqModule(L.LightningModule):
     # ---- checkpoints: enough to rebuild model + tokenizer without Hydra -------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["model_config"] = self.model_cfg.to_dict()
-        # the total a decaying schedule reaches 0 by: resume= under another trainer.max_steps says so
-        checkpoint["lr_schedule_total"] = getattr(self, "lr_total", None)
+        checkpoint["lr_schedule_total"] = getattr(self, "lr_total", None)  # resume= under another max_steps says so
         if self.spikes is not None:  # the window survives a kill: a continued run skips as a straight one
             checkpoint["spike_gate"] = self.spikes.state_dict()
         if self.tokenizer_proto is not None:
