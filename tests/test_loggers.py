@@ -3,10 +3,12 @@ one score per key, logged once; the W&B summary equals results.json key for key.
 import csv
 import json
 import os
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from normlab import loggers
 from normlab.loggers import build_loggers, finish_loggers, wandb_summary
 from normlab.train import run
 
@@ -40,8 +42,12 @@ def test_wandb_offline_run_is_written_without_network(tmp_path, monkeypatch):
 
     real_finish = wandb.finish
     monkeypatch.setattr(wandb, "finish", lambda exit_code=0: None)  # read the summary before the run closes
+    # the run stays open, so its file never gets the exit record finish_loggers waits for (30 s): note the wait
+    waited = []
+    monkeypatch.setattr(loggers, "wait_until_finished", waited.append)
     finish_loggers([logger], {"status": "diverged", "test_bleu": None, "steps": 7, "choices": {"norm": "x"}})
     assert run.summary["status"] == "diverged" and run.summary["steps"] == 7 and run.summary["choices"]["norm"] == "x"
+    assert waited == [Path(run.sync_dir)]  # an offline run: its file waited for before anyone reads it
     monkeypatch.setattr(wandb, "finish", real_finish)
     wandb.finish()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
