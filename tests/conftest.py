@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402  (compose: compos
 # left out of `make test-fast`. tests/pyramid.py is the rule; tests/test_pyramid.py keeps this set
 # equal to the fixtures that enter, and a test that enters by itself carries the mark in its file.
 TRAINING_FIXTURES = frozenset({
-    "admin_run", "finetuned", "finished_run", "layerdrop_run", "lightning_ddp", "pruned", "reference", "resolved", "runs", "scored_run", "smoke",
+    "admin_run", "dry_run", "finetuned", "finished_run", "layerdrop_run", "lightning_ddp", "pruned", "reference", "resolved", "runs", "scored_run", "smoke",
     "start",
     "three_logger_run", "tiny_checkpoint", "tiny_runs", "trained", "two_runs", "whole",
 })

@@ -8,8 +8,9 @@ A function enters the entry point when its body (nested functions and lambdas in
   cli, normlab.commands.study's main or cli, normlab.cli's train or study (the console scripts), or
   calls run() on a study runner's Sweep (it starts the training processes);
 - or starts a process (subprocess.run, Popen, call, check_call, check_output) and names a normlab
-  command in the same function: train.py, a console script of pyproject.toml (normlab-train, ...)
-  or a module normlab.commands.<cmd> (`python -m`), as a string or a module-level constant;
+  command in the same function: train.py, a console script of pyproject.toml (normlab-train, ...),
+  a module normlab.commands.<cmd> (`python -m`) or a benchmark script that trains through the entry
+  point (TRAINING_BENCHMARKS), as a string or a module-level constant;
 - or calls (or hands on) a function of its file, or of a test file it imports, that enters;
 - or requests a fixture that enters.
 Other commands run in this process (translate, prune, report on a checkpoint) are unit-scale and
@@ -33,12 +34,19 @@ ENTRY = {"normlab.train.run", "normlab.train.run_resolved", "normlab.commands.tr
 SWEEP = "normlab.study.runner.Sweep"
 SPAWN = {f"subprocess.{f}" for f in ("run", "Popen", "call", "check_call", "check_output")}
 SCRIPTS = frozenset(tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]["scripts"])
+# The scripts of benchmarks/ that train through the entry point, by the shell or the processes they start
+# (gpu_check.sh --dry-run: its part b is `train.py trainer=gpu`, normlab.train.run in a part's process):
+# a test that runs one runs a command that trains. tests/test_pyramid.py checks that each listed script
+# reaches the entry point and that each one a test runs as a process and that reaches it is listed.
+TRAINING_BENCHMARKS = frozenset({"gpu_check.sh"})
 
 
 def names_command(text: str) -> bool:
-    """train.py or a console script (a path may lead to either), or a `python -m` command module."""
+    """train.py, a console script or a training benchmark script (a path may lead to any), or a
+    `python -m` command module."""
     last = text.rsplit("/", 1)[-1]
-    return last == "train.py" or last in SCRIPTS or re.fullmatch(r"normlab\.commands\.\w+", text) is not None
+    return (last == "train.py" or last in SCRIPTS or last in TRAINING_BENCHMARKS
+            or re.fullmatch(r"normlab\.commands\.\w+", text) is not None)
 
 
 @dataclass

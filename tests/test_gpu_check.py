@@ -1,5 +1,6 @@
 """The prepared GPU check (benchmarks/gpu_check.sh, issue 36): its dry run through the shell script, the
-one-line refusal without CUDA, and a part that fails or hangs reported while the others run."""
+one-line refusal without CUDA, and a part that fails or hangs reported while the others run. The script's
+runs are integration tests (its dry run trains through the entry point: tests/pyramid.py, TRAINING_BENCHMARKS)."""
 from __future__ import annotations
 
 import importlib.util
@@ -111,6 +112,7 @@ def test_dry_run_numbers(dry_run):
         assert re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\]", r[4])
 
 
+@pytest.mark.integration
 def test_the_check_refuses_to_run_without_cuda(tmp_path):
     proc = script(env={"OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     assert proc.returncode == 2

@@ -3,6 +3,8 @@ the entry point (tests/pyramid.py: the rule, read from the source) is marked int
 other test is, so `make test-fast` (-m "not integration and not slow") is the unit tests, all of
 them. A test file whose every test is integration says so once (pytestmark); a test that enters
 through a fixture is marked by tests/conftest.py (TRAINING_FIXTURES); any other one is decorated."""
+import ast
+import re
 import textwrap
 
 import pytest
@@ -120,6 +122,12 @@ SOURCES = {  # name -> (source, the tests of it that enter)
             sweep = Sweep(None, plan(None, None, None), None)
             sweep.run()
 
+        def test_a_training_benchmark_script():
+            subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"])
+
+        def test_a_benchmark_script_that_trains_nothing():
+            subprocess.run([sys.executable, "benchmarks/peers.py"])
+
         def test_a_python_c_child_importing_commands():
             subprocess.run([sys.executable, "-c", "import normlab.commands.report_runs"])
 
@@ -138,7 +146,7 @@ SOURCES = {  # name -> (source, the tests of it that enter)
             run(1)
     """, {"test_calls_run", "test_through_a_helper", "test_through_another_file", "test_through_a_fixture",
           "test_a_constant_command_line", "test_a_console_script", "test_python_m", "test_study_in_process",
-          "test_hands_on_the_entry_point", "test_the_runner_runs"}),
+          "test_hands_on_the_entry_point", "test_the_runner_runs", "test_a_training_benchmark_script"}),
     "mod_b": ("""
         from normlab.commands.prune import main as prune_main
         from normlab.commands.train import config_dir
@@ -210,3 +218,73 @@ def test_the_collected_tests_carry_the_mark(request):
             wrong.append(f"{item.nodeid}: enters: {reason}; marked: {mark is not None}")
     assert not wrong, "\n".join(wrong)
 
+
+
+BENCHMARKS = pyramid.TESTS.parent / "benchmarks"
+
+
+def benchmark_enters(name: str, seen: frozenset = frozenset()) -> str | None:
+    """Why benchmarks/<name> enters the entry point, or None: it names what trains (pyramid.ENTRY), or
+    starts a process and names a command, itself or through a benchmark script it runs, imports or
+    hands a process (a module name as a string: a forkserver's preload)."""
+    path, files = BENCHMARKS / name, {p.name for p in BENCHMARKS.glob("*.[ps][yh]")}
+
+    def command(text: str) -> bool:  # a listed script counts by what it reaches, not by being listed
+        return pyramid.names_command(text) and text.rsplit("/", 1)[-1] not in pyramid.TRAINING_BENCHMARKS
+
+    text = path.read_text(encoding="utf-8")
+    reason, named = None, set()
+    if path.suffix == ".sh":
+        words = re.findall(r"[\w./-]+", text)
+        reason = next((w for w in words if command(w)), None)
+        named = {w.rsplit("/", 1)[-1] for w in words} & files
+    else:
+        nodes = list(ast.walk(ast.parse(text)))
+        bindings, spawns, commands = pyramid.imports(nodes), False, []
+        for n in nodes:
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) \
+                    and pyramid.qualify(n, bindings) in pyramid.ENTRY:
+                reason = reason or pyramid.qualify(n, bindings)
+            elif isinstance(n, ast.Call) and pyramid.qualify(n.func, bindings) in pyramid.SPAWN:
+                spawns = True
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                if command(n.value):
+                    commands.append(n.value)
+                named |= {n.value.rsplit("/", 1)[-1], f"{n.value}.py"} & files
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                named |= {f"{m}.py" for m in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module])
+                          if m} & files
+        reason = reason or (f"starts a process of {commands[0]}" if spawns and commands else None)
+    if reason:
+        return reason
+    for other in sorted(named - seen - {name}):
+        found = benchmark_enters(other, seen | {name})
+        if found:
+            return f"{other} -> {found}"
+    return None
+
+
+def test_each_training_benchmark_enters_the_entry_point():
+    """TRAINING_BENCHMARKS cannot go stale: each listed script still reaches what trains."""
+    for name in sorted(pyramid.TRAINING_BENCHMARKS):
+        assert (BENCHMARKS / name).is_file(), f"benchmarks/{name}: listed in TRAINING_BENCHMARKS but gone"
+        assert benchmark_enters(name), f"benchmarks/{name}: listed in TRAINING_BENCHMARKS but trains nothing"
+    assert benchmark_enters("gpu_check.sh") == "gpu_check.py -> gpu_parts.py -> gpu_train.py -> normlab.train.run"
+
+
+def test_each_benchmark_a_test_runs_as_a_process_and_that_enters_is_listed():
+    """A benchmark script named in a test file that starts processes, and that reaches what trains, is
+    one of TRAINING_BENCHMARKS (so a test that runs it is integration)."""
+    files, missing = {p.name for p in BENCHMARKS.glob("*.[ps][yh]")}, []
+    for name in FILES:
+        nodes = list(ast.walk(ast.parse((pyramid.TESTS / f"{name}.py").read_text(encoding="utf-8"))))
+        bindings = pyramid.imports(nodes)
+        if not any(isinstance(n, ast.Call) and pyramid.qualify(n.func, bindings) in pyramid.SPAWN for n in nodes):
+            continue
+        named = {n.value.rsplit("/", 1)[-1] for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        for script in sorted(named & files - pyramid.TRAINING_BENCHMARKS):
+            reason = benchmark_enters(script)
+            if reason:
+                missing.append(f"tests/{name}.py runs benchmarks/{script}, which enters ({reason}): add it to "
+                               "tests/pyramid.py's TRAINING_BENCHMARKS")
+    assert not missing, "\n".join(missing)
