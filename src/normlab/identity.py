@@ -296,10 +296,11 @@ def _safe(text: str) -> str:
 PATH_HINTS = ("_src", "_tgt", "dir", "path", "file", "resume", "finetune")
 
 
-def tags(cfg: Any, choices: dict, overrides: list[str]) -> list[str]:
+def tags(cfg: Any, choices: dict, overrides: list[str], values: dict | None = None) -> list[str]:
     """W&B tags: the labels, placement / norm type / FixNorm, depths, seed, the preset choices, and
-    `key:value` (resolved) for every key set on the command line or by a sweep, paths excepted."""
-    c = plain(cfg)
+    `key:value` (resolved) for every key set on the command line or by a sweep, paths excepted.
+    `values`: plain(cfg), when the caller has it (resolving the config again costs ~10 ms)."""
+    c = plain(cfg if values is None else values)
     lab, n, m = labels(c), c.get("norm") or {}, c.get("model") or {}
     out = [f"{k}:{v}" for k, v in lab.items()]
     out += [f"placement:{n.get('placement')}", f"norm_type:{n.get('type')}", f"fixnorm:{bool(n.get('fixnorm'))}",

@@ -147,16 +147,21 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
     """The ??? keys, in the order the config lists them (Hydra's own node, set at run time, aside)."""
     from omegaconf import DictConfig, OmegaConf
 
-    out = []
-    for key in node.keys() if isinstance(node, DictConfig) else []:
-        if not prefix and key == "hydra":
-            continue
-        full = f"{prefix}{key}"
-        if OmegaConf.is_missing(node, key):
-            out.append(full)
-        elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):  # a node, unresolved
-            out += _missing_keys(node[key], f"{full}.")
-    return out
+    if not isinstance(node, DictConfig):
+        return []
+    tree = OmegaConf.to_container(node, resolve=False)  # read once, unresolved: ??? as "???", an interpolation as text
+    tree.pop("hydra", None)
+
+    def walk(tree: dict, prefix: str) -> list[str]:
+        out = []
+        for key, value in tree.items():
+            if value == "???":
+                out.append(f"{prefix}{key}")
+            elif isinstance(value, dict):  # a node (a list's items are not read)
+                out += walk(value, f"{prefix}{key}.")
+        return out
+
+    return walk(tree, prefix)
 
 
 def optim_and_eval(cfg: Any) -> tuple[OptimSpec, EvalSpec]:

@@ -164,10 +164,8 @@ def _memo_key(cfg: Any, runtime: Runtime) -> str:
     config resolve `${hydra:runtime.output_dir}` differently, yet are one command), the runtime values
     that name and tag the run, the working directory (relative paths) and the start checkpoint's files
     as they are now (a folder's newest checkpoint changes as its run trains)."""
-    if OmegaConf.is_config(cfg):
-        tree = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=False)
-    else:
-        tree = {k: v for k, v in dict(cfg).items() if k != "hydra"}
+    tree = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else dict(cfg)
+    tree.pop("hydra", None)  # (no masked_copy: it deep-copies the config first, ~40 ms)
     start = identity.start_checkpoint(cfg)
     return json.dumps([tree, list(runtime.overrides), sorted(runtime.choices.items(), key=lambda kv: kv[0]),
                        runtime.multirun, runtime.sweep_dir if runtime.multirun else None, os.getcwd(),
@@ -202,7 +200,7 @@ def _named(cfg: Any, runtime: Runtime) -> RunIdentity:
         legacy = identity.run_name(old)
     return RunIdentity(name=name, hash=identity.identity_hash(values), identity=identity.identity(values),
                        labels=identity.labels(values), tags=tuple(identity.tags(merged, runtime.choices,
-                                                                                list(runtime.overrides))),
+                                                                                list(runtime.overrides), values)),
                        group=_group(values, runtime), choices=choices_of(runtime), start=start, legacy_name=legacy,
                        config=merged)
 
