@@ -98,7 +98,9 @@ def shared_index(records: Path) -> dict[str, Path]:
             continue
         if res.get("status") in FINISHED and not res.get("shared_from") and res.get("identity_hash"):
             study = res_path.parents[2].name
-            trained_here = res.get("group") in groups.setdefault(study, own_groups(study))  # the study that trained it
+            if study not in groups:  # each study's file read once (setdefault would read it for every record)
+                groups[study] = own_groups(study)
+            trained_here = res.get("group") in groups[study]  # the study that trained it
             if trained_here or res["identity_hash"] not in index:
                 index[res["identity_hash"]] = res_path.parent
     return index
