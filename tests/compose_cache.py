@@ -16,11 +16,18 @@ The same conf/ files give the same config: nothing in conf/ reads the environmen
 and no test writes to conf/.
 
 Each composition still reads its files; a YAML text already parsed in this process is not parsed
-again (`load`: ~17% of a composition's CPU), whatever reads it (Hydra, a run's saved config)."""
+again (`load`: ~17% of a composition's CPU), whatever reads it (Hydra, a run's saved config).
+
+The worker processes of one `pytest -n` run share the first step too (`shared`, a folder of the run
+that conftest sets under xdist): the study tests of several files compose the same arms, and a file
+runs on whichever worker is free, so each worker would otherwise compose them again."""
 import copy
 import functools
+import hashlib
+import os
 import pickle
 import sys
+from pathlib import Path
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -34,6 +41,12 @@ composed: dict = {}  # (sources, config name, overrides, return_hydra_config) ->
 bases: dict = {}  # (sources, config name, group overrides) -> the config before the other overrides
 _parser = OverridesParser.create()
 _yaml: dict = {}  # YAML text -> what OmegaConf's YAML loader made of it (plain lists, dicts, scalars)
+shared: Path | None = None  # a folder of this test run's processes: each base there once, pickled
+
+
+def _shared_file(key) -> Path | None:
+    """The file of a base in `shared` (its key: strings and tuples of them, the same in every process)."""
+    return shared / f"{hashlib.sha256(repr(key).encode()).hexdigest()}.pickle" if shared is not None else None
 
 
 def install():
@@ -121,6 +134,9 @@ def _from_base(loader, sources, config_name, overrides: list[str]):
         return None
     groups, values = parts
     key = (sources, config_name, tuple(groups))
+    path = _shared_file(key)
+    if key not in bases and path is not None and path.is_file():  # composed by another process of the run
+        bases[key] = path.read_bytes()
     if key not in bases:
         try:
             base = hydra_compose(config_name=config_name, overrides=groups, return_hydra_config=True)
@@ -131,6 +147,10 @@ def _from_base(loader, sources, config_name, overrides: list[str]):
         with open_dict(base):  # as Hydra's compose does when its node is not asked for (no value
             del base["hydra"]  # override reaches it: a `hydra.` key is composed whole)
         bases[key] = None if searchpath else pickle.dumps(base)
+        if path is not None and bases[key] is not None:  # whole or not at all: written aside, then renamed
+            part = path.with_name(f"{path.stem}.{os.getpid()}.part")
+            part.write_bytes(bases[key])
+            os.replace(part, path)
     if bases[key] is None:
         return None
     cfg = pickle.loads(bases[key])

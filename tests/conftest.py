@@ -50,6 +50,18 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def compose_cache_shared(tmp_path_factory):
+    # Under pytest -n: the run's workers share the composed bases (tests/compose_cache.py), in the run's
+    # own folder (each worker's basetemp is a folder of it), so a base is composed once per run.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "compose_cache"
+        folder.mkdir(exist_ok=True)
+        compose_cache.shared = folder
+    yield
+    compose_cache.shared = None
+
+
 def read_lines(path: Path, n: int, skip: int = 0) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()

@@ -72,6 +72,7 @@ def test_group_choices_compose_once_and_each_caller_gets_a_copy(monkeypatch):
     monkeypatch.setattr(compose_cache, "hydra_compose", counted)
     monkeypatch.setattr(compose_cache, "bases", {})
     monkeypatch.setattr(compose_cache, "composed", {})
+    monkeypatch.setattr(compose_cache, "shared", None)  # this process alone (no base from another worker)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         first = compose_cache.compose("config", ["norm=postnorm", "seed=7"])
         other = compose_cache.compose("config", ["seed=8", "norm=postnorm", "model.d_model=48"])
@@ -90,6 +91,30 @@ def test_group_choices_compose_once_and_each_caller_gets_a_copy(monkeypatch):
                 compose_cache.compose("config", ["norm=sideways", "seed=7"])
         assert calls == [["norm=postnorm"], *[["norm=sideways"], ["norm=sideways", "seed=7"]] * 2]
         assert (compose_cache.bases, compose_cache.composed) == kept
+
+
+def test_a_base_another_process_of_the_run_composed_is_read_not_composed(tmp_path, monkeypatch):
+    """Under pytest -n the workers share the bases (compose_cache.shared): a process with none in memory
+    reads the one another composed, and gets what Hydra composes; a failure is never shared."""
+    hydra_compose, calls = compose_cache.hydra_compose, []
+
+    def counted(**kw):
+        calls.append(kw["overrides"])
+        return hydra_compose(**kw)
+
+    monkeypatch.setattr(compose_cache, "hydra_compose", counted)
+    monkeypatch.setattr(compose_cache, "shared", tmp_path)
+    monkeypatch.setattr(compose_cache, "composed", {})
+    overrides = ["norm=postnorm", "seed=8", "model.d_model=48"]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for _ in range(2):  # the first process composes it, the second (nothing in memory) reads it
+            monkeypatch.setattr(compose_cache, "bases", {})
+            cfg = compose_cache.compose("config", overrides)
+            assert calls == [["norm=postnorm"]] and len(list(tmp_path.iterdir())) == 1
+            assert same(cfg, hydra_compose(config_name="config", overrides=overrides))
+        with pytest.raises(MissingConfigException):
+            compose_cache.compose("config", ["norm=sideways", "seed=7"])
+    assert [p.suffix for p in tmp_path.iterdir()] == [".pickle"]
 
 
 def test_a_studys_runs_compose_as_in_hydra():
