@@ -1,5 +1,6 @@
 """The package's structure: arrows run one way (design.md), choice lists have one owner."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,14 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test here (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _imports(path: Path, top_level_only: bool) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     out = set()
     for node in nodes:
@@ -99,7 +106,7 @@ def test_one_error_family():
 def test_identity_reads_nothing():
     """identity.py is pure functions of the resolved values (issue 18): no file, folder or checkpoint
     is read there; a start checkpoint's model is merged in by run_identity.identify."""
-    tree = ast.parse((SRC / "normlab" / "identity.py").read_text(encoding="utf-8"))
+    tree = _tree(SRC / "normlab" / "identity.py")
     io = {"open", "read_text", "read_bytes", "load", "is_file", "is_dir", "exists", "glob", "stat", "iterdir"}
     calls = sorted({n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in ast.walk(tree)
                     if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))})
@@ -124,7 +131,7 @@ def test_only_the_schemes_compare_placements():
     for name, path in sorted(_modules().items()):
         if name == "normlab.model.schemes" or name.startswith("normlab.model.schemes."):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Compare):
                 consts = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
                 found += [f"{name}:{node.lineno} {p!r}" for p in sorted(consts & set(SCHEMES))]
@@ -169,17 +176,17 @@ def _hydra_state_uses(tree: ast.AST) -> list[tuple[int, str]]:
 def test_only_the_identity_module_reads_hydras_runtime_state():
     found = [f"{name}:{line}: {what}" for name, path in sorted(_modules().items())
              if name not in ("normlab.private_api", "normlab.run_identity")
-             for line, what in _hydra_state_uses(ast.parse(path.read_text(encoding="utf-8")))]
+             for line, what in _hydra_state_uses(_tree(path))]
     assert not found, found
     # and there, one function: the one the training command's job calls
-    tree = ast.parse((SRC / "normlab" / "run_identity.py").read_text(encoding="utf-8"))
+    tree = _tree(SRC / "normlab" / "run_identity.py")
     readers = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and _hydra_state_uses(f)}
     assert readers == {"hydra_runtime"}, readers
 
 
 def test_a_run_reads_its_spec_alone():
     """train._run (everything after resolve) names no `cfg`: it takes the RunSpec's values."""
-    tree = ast.parse((SRC / "normlab" / "train.py").read_text(encoding="utf-8"))
+    tree = _tree(SRC / "normlab" / "train.py")
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_run")
     names = {n.id for n in ast.walk(run) if isinstance(n, ast.Name)} | {
         n.attr for n in ast.walk(run) if isinstance(n, ast.Attribute)}
@@ -192,7 +199,7 @@ def test_no_module_imports_another_modules_private_names():
     of a public name is fine."""
     bad = []
     for name, path in _modules().items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("normlab"):
                 bad += [f"{name}: from {node.module} import {a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
@@ -243,7 +250,7 @@ def _own_private_names() -> set[str]:
     variables, config keys like `_target_`): reaching those is not another library's private API."""
     names = {"_target_", "_convert_", "_recursive_", "_partial_"}
     for path in _modules().values():
-        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for n in ast.walk(_tree(path)):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(n.name)
             elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
@@ -284,7 +291,7 @@ def test_private_reach_ins_live_in_private_api():
     for name, path in _modules().items():
         if name == "normlab.private_api":
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path)
         entry = {id(x) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("main", "cli")
                  for x in ast.walk(f)}  # an entry point reads its own command line
         found += [f"{name}:{line}: {what}" for line, what in _private_reach_ins(tree, own)]
