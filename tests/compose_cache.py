@@ -16,7 +16,10 @@ The same conf/ files give the same config: nothing in conf/ reads the environmen
 and no test writes to conf/.
 
 Each composition still reads its files; a YAML text already parsed in this process is not parsed
-again (`load`: ~17% of a composition's CPU), whatever reads it (Hydra, a run's saved config).
+again (`load`: ~17% of a composition's CPU), whatever reads it (Hydra, a run's saved config); and a
+config file Hydra's repository loaded before (`load_config`: the file's config, its header and its
+defaults list, built once per process for the same bytes) is a copy of that (~25% of a composition's
+CPU: most configs differ in one arm or preset over the same ~120 files).
 
 The worker processes of one `pytest -n` run share the first step too (`shared`, a folder of the run
 that conftest sets under xdist): the study tests of several files compose the same arms, and a file
@@ -29,12 +32,15 @@ import pickle
 import sys
 from pathlib import Path
 
+from hydra._internal.config_repository import ConfigRepository
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 hydra_compose = sys.modules["hydra.compose"].compose  # Hydra's own, before install()
 omegaconf_load = OmegaConf.load  # OmegaConf's own, before install()
+repository_load = ConfigRepository.load_config  # Hydra's own, before install()
 # Kept pickled: a copy is unpickled (OmegaConf's pickling keeps every node, flag and type, as
 # Hydra's launchers rely on), 7x faster than copy.deepcopy of a config.
 composed: dict = {}  # (sources, config name, overrides, return_hydra_config) -> a config Hydra composed whole
@@ -42,6 +48,8 @@ bases: dict = {}  # (sources, config name, group overrides) -> the config before
 _parser = OverridesParser.create()
 _yaml: dict = {}  # YAML text -> what OmegaConf's YAML loader made of it (plain lists, dicts, scalars)
 shared: Path | None = None  # a folder of this test run's processes: each base there once, pickled
+files: dict = {}  # (sources, config path, the file's bytes or stored node) -> (it, what Hydra loaded, pickled)
+keep_files = True  # False: Hydra's repository loads every file itself (test_compose_cache's reference)
 
 
 def _shared_file(key) -> Path | None:
@@ -54,7 +62,34 @@ def install():
     composing) and OmegaConf.load become this module's; before the test modules import them."""
     sys.modules["hydra.compose"].compose = sys.modules["hydra"].compose = compose
     OmegaConf.load = staticmethod(load)
+    ConfigRepository.load_config = load_config
     return compose
+
+
+def load_config(repo, config_path: str):
+    """Hydra's ConfigRepository.load_config, a config loaded once per process for the same bytes (a
+    file of a folder or of a package: Hydra's own configs) or the same node of the ConfigStore (which
+    a program may change: normlab.launchers stores nodes), a copy for every caller: Hydra re-parents
+    and merges what it loads. A failure is Hydra's own, never kept."""
+    source = repo._find_object_source(config_path=config_path, object_type=ObjectType.CONFIG) if keep_files else None
+    scheme = source.scheme() if source is not None else None  # (by scheme: Hydra's plugin scan reloads the classes)
+    if scheme == "file":
+        path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
+        with open(path, "rb") as f:
+            content = f.read()
+    elif scheme == "pkg":
+        content = None  # an installed package's file
+    elif scheme == "structured":  # the ConfigStore's node: storing the name again stores another node
+        content = source.store._load(source._normalize_file_name(config_path))
+    else:
+        return repository_load(repo, config_path)
+    key = (tuple((s.provider, s.path) for s in repo.get_sources()), config_path,
+           content if not hasattr(content, "node") else id(content))
+    if key not in files:
+        result = repository_load(repo, config_path)
+        files[key] = (content, pickle.dumps(result))  # (a stored node kept: its id is not reused meanwhile)
+        return result
+    return pickle.loads(files[key][1])
 
 
 def load(file_):

@@ -117,6 +117,32 @@ def test_a_base_another_process_of_the_run_composed_is_read_not_composed(tmp_pat
     assert [p.suffix for p in tmp_path.iterdir()] == [".pickle"]
 
 
+def test_a_config_file_loaded_before_is_a_copy_and_a_changed_one_is_loaded_anew(tmp_path, monkeypatch):
+    """compose_cache.load_config: configs compose as when Hydra's repository loads every file itself;
+    a file whose bytes changed, and a ConfigStore node stored again, are loaded anew."""
+    from hydra.core.config_store import ConfigStore
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for overrides in (KINDS[1], KINDS[3], KINDS[7]):
+            kept = compose_cache.hydra_compose(config_name="config", overrides=overrides)
+            monkeypatch.setattr(compose_cache, "keep_files", False)
+            own = compose_cache.hydra_compose(config_name="config", overrides=overrides)
+            monkeypatch.setattr(compose_cache, "keep_files", True)
+            assert same(kept, own) and same(compose_cache.hydra_compose(config_name="config", overrides=overrides), own)
+    (tmp_path / "config.yaml").write_text("a: 1\n")
+    store = ConfigStore.instance()
+    store.store(name="compose_cache_probe", node={"b": 1})
+    try:
+        with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            for value in (1, 2):
+                (tmp_path / "config.yaml").write_text(f"a: {value}\n")
+                store.store(name="compose_cache_probe", node={"b": value})
+                assert compose_cache.hydra_compose(config_name="config").a == value
+                assert compose_cache.hydra_compose(config_name="compose_cache_probe").b == value
+    finally:
+        store.repo.pop("compose_cache_probe.yaml", None)
+
+
 def test_a_studys_runs_compose_as_in_hydra():
     """The configs a shipped study plans (its arms' groups and values, its labels, the smoke budget's
     overrides) are Hydra's own, so the plans the study tests check are those of the study command."""
