@@ -105,8 +105,9 @@ def wait_until_finished(run_folder: Path, timeout: float = 30.0) -> bool:
     while True:
         files = sorted(Path(run_folder).glob("run-*.wandb"))
         for f in files:
-            if f not in done and any(r.WhichOneof("record_type") == "exit"
-                                     for r in readers.setdefault(f, RunFileReader(f)).read()):
+            if f not in readers:
+                readers[f] = RunFileReader(f)
+            if f not in done and any(r.WhichOneof("record_type") == "exit" for r in readers[f].read()):
                 done.add(f)
         if files and done.issuperset(files):
             return True
