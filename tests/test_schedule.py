@@ -128,15 +128,26 @@ def test_a_decaying_schedule_without_steps_after_its_warmup_is_refused(steps):
     validated(compose_cfg(["optim.schedule=cosine", "optim.warmup=100", "trainer.max_steps=101"]))
 
 
-def test_a_changed_total_is_told_for_a_decaying_schedule_only():
-    """resume= under another trainer.max_steps (tests/test_schedule_resume.py trains it): inverse_sqrt has
-    no total, so nothing; a checkpoint from before the total was recorded is told by its lr alone."""
-    from normlab.lr_schedule import total_change_note
+def test_a_changed_schedule_is_told_where_the_lr_jumps_or_the_curve_bends():
+    """resume= under another schedule, warmup or total (tests/test_schedule_resume.py trains it): a
+    cosine to 8 with warmup 2, after 4 updates (its scheduler's state as LambdaLR saves it)."""
+    from normlab.lr_schedule import schedule_change_note
 
-    sched = {"_last_lr": [1.5e-3], "base_lrs": [2e-3]}  # a cosine to 8, warmup 2, after 4 updates
-    assert total_change_note("inverse_sqrt", 2, 4, 8, 12, sched) is None
-    assert total_change_note("cosine", 2, 4, 8, 8, sched) is None
-    assert total_change_note("cosine", 2, 4, None, 8, sched) is None  # unrecorded, but the same lr
-    assert total_change_note("cosine", 2, 4, None, 12, sched) == (
-        "optim.schedule=cosine decays to 0 by trainer.max_steps, which is now 12: the learning rate of update 5 "
-        "jumps from 0.0015 to 0.001809")
+    sched = {"_last_lr": [1.5e-3], "base_lrs": [2e-3], "last_epoch": 4}  # 2e-3 * (1 + cos(pi * 2/6)) / 2
+    assert schedule_change_note(("cosine", 2, 8), ("cosine", 2, 8), sched) is None  # nothing changed
+    assert schedule_change_note(("cosine", 2, 8), ("cosine", 2, 12), sched) == (
+        "trainer.max_steps 8 -> 12: the learning rate of update 5 jumps from 0.0015 to 0.001809")
+    # unrecorded (a checkpoint from before the total was saved): told by the lr alone
+    assert schedule_change_note(("cosine", 2, None), ("cosine", 2, 8), sched) is None
+    assert schedule_change_note(("cosine", None, None), ("cosine", 2, 12), sched).startswith(
+        "the schedule (the checkpoint names none of its settings that differ): the learning rate of update 5 jumps")
+    # another schedule or warmup at the same total jumps too (on_train_start applies it)
+    assert schedule_change_note(("cosine", 2, 8), ("inverse_sqrt", 2, 8), sched) == (
+        "optim.schedule cosine -> inverse_sqrt: the learning rate of update 5 jumps from 0.0015 to 0.001265")
+    # inverse_sqrt has no total: another max_steps changes nothing
+    flat = {"_last_lr": [2e-3 * (2 / 5) ** 0.5], "base_lrs": [2e-3], "last_epoch": 4}
+    assert schedule_change_note(("inverse_sqrt", 2, 8), ("inverse_sqrt", 2, 12), flat) is None
+    # within warmup the lr does not depend on the total: no jump now, a curve that bends later
+    warm = {"_last_lr": [1e-3], "base_lrs": [2e-3], "last_epoch": 1}  # update 2 of warmup 4: 2e-3 * 2/4
+    assert schedule_change_note(("cosine", 4, 8), ("cosine", 4, 12), warm) == (
+        "trainer.max_steps 8 -> 12: the learning rate of update 2 stays 0.001; the updates after it follow the new one")

@@ -180,11 +180,12 @@ class Seq2SeqModule(L.LightningModule):
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
     def on_train_start(self) -> None:
-        # resume= restores the lr the checkpoint's schedule set for the next update; under another max_steps
-        # the run's own applies from that update on, as fairseq's step_update on load (else: a no-op)
+        # resume= restores the lr the checkpoint's schedule set for the next update; under another schedule, warmup
+        # or max_steps the run's own applies from it on, as fairseq's step_update on load (else: the same float)
         sched = self.lr_schedulers()
         if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
-            for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+            groups = sched.optimizer.param_groups
+            for group, base, factor in zip(groups, sched.base_lrs, sched.lr_lambdas, strict=True):
                 group["lr"] = base * factor(sched.last_epoch)
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -280,8 +281,7 @@ class Seq2SeqModule(L.LightningModule):
         self._bleu_rows: tuple[int, ...] | None = None
 
     def hold_stall(self, held: bool) -> None:
-        """The stall guard's word (callbacks/stall.py): while a stall is held, validation scores the
-        loss only (`decode_valid`)."""
+        """The stall guard's word (callbacks/stall.py): while a stall is held, validation scores the loss only."""
         self.decode_valid = not held
 
     def decoder(self, split: str):

@@ -72,19 +72,25 @@ def lr_factor(schedule: str, step: int, warmup: int, total: int | None = None) -
     return inverse_sqrt_factor(step, warmup)
 
 
-def total_change_note(schedule: str, warmup: int, step: int, was: int | None, now: int, scheduler: dict) -> str | None:
-    """resume= of a checkpoint at `step` whose decaying schedule went to 0 by `was` (its trainer.max_steps;
-    None: a checkpoint from before it was recorded) under trainer.max_steps=`now`: the learning rate of
-    the next update, as the checkpoint's schedule had it and as the run's is, in words (None when the
-    same). Extending a run is legitimate (fairseq and Lightning let it be done), but the lr then jumps
-    at once rather than following either curve, which a reader of the curves should be told. The lr
-    before is the checkpoint's scheduler's own (LambdaLR's `_last_lr`, the lr it set for that update)."""
-    if schedule not in DECAYING or was == now:
+def schedule_change_note(was: tuple, now: tuple, scheduler: dict) -> str | None:
+    """resume= of a checkpoint whose schedule was `was` under the run's `now`, each (optim.schedule,
+    optim.warmup, trainer.max_steps; None where a checkpoint from before it was recorded names none):
+    what changed and the learning rate of the next update, as the checkpoint's scheduler set it
+    (LambdaLR's `_last_lr`) and as the run's schedule has it (lit_module.on_train_start applies it from
+    that update on, as fairseq's step_update on load); None when nothing changed and the lr is the same.
+    Extending a run is legitimate (fairseq and Lightning let it be done), but a reader of the curves
+    should be told of a jump, and of a curve that bends later. The total counts only for a decaying
+    schedule (inverse_sqrt has none). The peak is the checkpoint's (base_lrs: resume restores it)."""
+    names = ("optim.schedule", "optim.warmup", "trainer.max_steps")
+    decays = was[0] in DECAYING or now[0] in DECAYING
+    changed = [f"{n} {a} -> {b}" for n, a, b in zip(names, was, now)
+               if a is not None and a != b and (n != "trainer.max_steps" or decays)]
+    update, before = scheduler["last_epoch"] + 1, scheduler["_last_lr"][0]
+    after = scheduler["base_lrs"][0] * lr_factor(now[0], update, now[1], now[2])
+    jumps = not math.isclose(before, after, rel_tol=1e-9, abs_tol=1e-15)
+    if not changed and not jumps:
         return None
-    before, peak = scheduler["_last_lr"][0], scheduler["base_lrs"][0]
-    after = peak * lr_factor(schedule, step + 1, warmup, now)
-    if was is None and math.isclose(before, after, rel_tol=1e-9, abs_tol=1e-15):
-        return None
-    total = f"changed from {was} (the checkpoint's) to {now}" if was is not None else f"is now {now}"
-    return (f"optim.schedule={schedule} decays to 0 by trainer.max_steps, which {total}: the learning rate of "
-            f"update {step + 1} jumps from {before:.4g} to {after:.4g}")
+    what = ", ".join(changed) or "the schedule (the checkpoint names none of its settings that differ)"
+    if jumps:
+        return f"{what}: the learning rate of update {update} jumps from {before:.4g} to {after:.4g}"
+    return f"{what}: the learning rate of update {update} stays {after:.4g}; the updates after it follow the new one"

@@ -30,7 +30,7 @@ from normlab.callbacks import RunValues, instantiate_callbacks
 from normlab.final_test import final_scores, summary_lines
 from normlab.hardware import cpu_info, cpu_seconds, device_text
 from normlab.lit_module import Seq2SeqModule
-from normlab.lr_schedule import total_change_note
+from normlab.lr_schedule import schedule_change_note
 from normlab.model.attention import shape_free_sdpa
 from normlab.loggers import build_loggers, finish_loggers
 from normlab.outcome import RunOutcome, Status
@@ -209,8 +209,10 @@ def _announce(leg: _Leg) -> None:
         log.info("fine-tuning from the weights of %s", leg.start.ckpt)
     if leg.spec.resume and leg.cont.checkpoint is None and leg.start.state.get("lr_schedulers"):
         o, state = leg.spec.optim, leg.start.state
-        note = total_change_note(o.schedule, o.warmup, leg.start.step, state.get("lr_schedule_total"),
-                                 leg.spec.max_steps, state["lr_schedulers"][0])
+        saved = (state.get("hyper_parameters") or {}).get("optim") or {}
+        total = leg.spec.max_steps if leg.spec.max_steps > 0 else None
+        note = schedule_change_note((saved.get("schedule"), saved.get("warmup"), state.get("lr_schedule_total")),
+                                    (o.schedule, o.warmup, total), state["lr_schedulers"][0])
         if note:
             log.warning("resume=%s: %s", leg.spec.start, note)
     full = leg.find(FullStateCheckpoint)
