@@ -86,7 +86,8 @@ def test_each_renamed_study_names_the_group_its_records_are_in():
 
 def test_formerly_must_be_a_list_of_other_names(tmp_path):
     text = (ROOT / "conf" / "study" / "twt_lowres_2k.yaml").read_text()
-    for bad in ("formerly: twt_lowres", "formerly: [twt_lowres_2k]", "formerly: [1]"):
+    for bad in ("formerly: twt_lowres", "formerly: [twt_lowres_2k]", "formerly: [1]", "formerly: 0",
+                "formerly: ''", "formerly: false", "formerly: [twt_lowres, twt_lowres]"):
         path = tmp_path / "twt_lowres_2k.yaml"
         path.write_text(text.replace("formerly: [twt_lowres]", bad))
         with pytest.raises(UserError, match="formerly"):
@@ -129,7 +130,7 @@ def test_the_readme_and_the_index_name_the_w_and_b_group_of_a_renamed_studys_run
     assert "- [twt_lowres_2k](twt_lowres_2k/): W&B groups of its runs" in index_text
     assert "- [layerdrop_prune_2k](layerdrop_prune_2k/): W&B groups of its runs" in index_text
     # a study whose runs are all in its own group: nothing to say
-    from normlab.study.readme import group_text
+    from normlab.study.wandb_groups import group_text
 
     assert group_text("twt_lowres", "full", {"study-twt_lowres": 6}) == ""
     assert group_text("twt_lowres", "full", {}) == ""
@@ -144,3 +145,27 @@ def test_report_and_runs_name_a_record_by_the_study_that_holds_it_now(tmp_path, 
     assert len(runs) == 8 and {key_of(r, ["study"]) for r in runs} == {("twt_lowres_2k",)}
     assert main_guard(runs_cmd.main, [str(tmp_path / "experiments"), "--json"]) == 0
     assert {r["study"] for r in json.loads(capsys.readouterr().out)} == {"twt_lowres_2k"}
+
+
+def test_a_smoke_budgets_former_group_and_a_formerly_string_read_leniently():
+    """Another budget's groups carry its suffix (study-twt_lowres-smoke): still the former name's runs
+    (was: "trained as twt_lowres-smoke: runs it shares"); own_groups' lenient read takes a string as no
+    names (was: its letters, study-t, study-w, ...)."""
+    from normlab.study.spec import former_names
+    from normlab.study.wandb_groups import group_text
+
+    text = group_text("twt_lowres_2k", "smoke", {"study-twt_lowres-smoke": 2}, ("twt_lowres",))
+    assert "`study-twt_lowres-smoke` (2 runs, trained under this study's former name twt_lowres;" in text
+    assert text.endswith("New runs of this study go to `study-twt_lowres_2k-smoke`.")
+    assert former_names("twt_lowres") == () and former_names(["twt_lowres", 3]) == ("twt_lowres",)
+
+
+def test_a_record_named_from_inside_its_folder_is_its_folders_study(tmp_path, monkeypatch):
+    """`normlab-runs .` inside experiments/<study>/runs/<arm>-s<seed>: the folder's study (was: Path('.')
+    has no name, so the name the record was written under)."""
+    from normlab.study.records import holding_study
+
+    record = tmp_path / "twt_lowres_2k" / "runs" / "pre_ln-s1"
+    record.mkdir(parents=True)
+    monkeypatch.chdir(record)
+    assert holding_study(Path("."), {"study": {"name": "twt_lowres", "arm": "pre_ln", "seed": 1}}) == "twt_lowres_2k"

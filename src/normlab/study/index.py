@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from normlab.study.verdict_text import INDEX_HEADER, index_row
+from normlab.study.wandb_groups import group_text
 
 BEGIN, END = "<!-- claims:begin (normlab-study writes this table) -->", "<!-- claims:end -->"
 INDEX_TEXT = ("\"ours\": the interval that decides each comparison: t over the paired seeds at the df shown, each "
@@ -53,9 +54,7 @@ def cost_table(folder: Path) -> list[str]:
 def group_table(folder: Path) -> list[str]:
     """Where the full-budget studies' runs are in W&B, for each study with runs outside its own group
     (study-<name>): a renamed study's runs from before the rename are in its former name's group, which
-    a newer study of that name uses too (readme.group_text, from claims.json's `cost.groups`)."""
-    from normlab.study.readme import group_text
-
+    a newer study of that name uses too (wandb_groups.group_text, from claims.json's `cost.groups`)."""
     rows = []
     for path in sorted(folder.glob("*/claims.json")):
         data = json.loads(path.read_text())

@@ -18,9 +18,9 @@ from normlab.study.fixed import change_lines, moved_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
 from normlab.study.screen_report import screen_lines
-from normlab.identity import STUDY_GROUP_PREFIX, study_group
-from normlab.study.spec import Study, available
+from normlab.study.spec import Study
 from normlab.study.verdict_text import claims_lines, fmt
+from normlab.study.wandb_groups import group_text, groups
 
 
 CHECKOUT = Path(__file__).resolve().parents[3]  # the docs/ a README in experiments/ links to
@@ -106,42 +106,6 @@ def cost(by_arm: dict[str, list[Record]]) -> dict:
             "cpu_by_run": {k: h for k, (h, _) in cpu.items()},
             "devices": devices, "code": _code(recs), "cpus": _cpus(recs),
             "shared": len(recs) - len(own), "shared_with": shared, "hours_by_run": hours, "groups": groups(recs)}
-
-
-def groups(recs: list[Record]) -> dict[str, int]:
-    """{W&B group: its records}: the group each run was trained in (results.json `group`), which stays
-    its group (W&B cannot regroup a run); a renamed study's runs from before the rename are in its
-    former name's group."""
-    counts: dict[str, int] = {}
-    for r in recs:
-        if isinstance(r.results.get("group"), str):
-            counts[r.results["group"]] = counts.get(r.results["group"], 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def group_text(name: str, budget: str, counts: dict[str, int], formerly=()) -> str:
-    """Where a study's runs are in W&B, when any is outside its own group (study_group): each group, its
-    runs and why (trained under the study's former name, a name another study now has; trained as
-    another study), and where its new runs go. "" when every record is in its own group."""
-    own = study_group(name, budget)
-    if not counts or set(counts) == {own}:
-        return ""
-    current = set(available())
-    parts = []
-    for group, n in counts.items():
-        runs = f"{n} run{'s' if n != 1 else ''}"
-        other = group.removeprefix(STUDY_GROUP_PREFIX) if group.startswith(STUDY_GROUP_PREFIX) else None
-        if group == own:
-            why = ""
-        elif other in formerly:
-            why = (f", trained under this study's former name {other}"
-                   + (f"; the study {other} now runs in this group too: these are the W&B runs named as the "
-                      "records' `name`" if other in current else ""))
-        else:
-            why = f", trained as {other}: runs it shares" if other else ""
-        parts.append(f"`{group}` ({runs}{why})")
-    return (f"W&B groups of its runs (the group a run trained in; W&B cannot regroup a run): {'; '.join(parts)}. "
-            f"New runs of this study go to `{own}`.")
 
 
 def _cpu_basis(c: dict) -> str:

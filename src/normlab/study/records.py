@@ -194,6 +194,7 @@ def holding_study(record: Path, results: dict) -> str | None:
     held = results.get("study")
     if not isinstance(held, dict):
         return None
+    record = record.resolve()  # `normlab-runs .` inside a record: its folder's own name
     in_place = record.parent.name == "runs" and record.name == f"{held.get('arm')}-s{held.get('seed')}"
     return record.parent.parent.name if in_place else held.get("name")
 

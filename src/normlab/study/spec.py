@@ -180,12 +180,24 @@ def load_study(name: str, budget: str = "full") -> Study:
                  **_judging(raw, where, arms))
 
 
+def former_names(node) -> tuple[str, ...]:
+    """`formerly:` read leniently (own_groups reads it without loading the study): a list of names, else
+    none (a string is not iterated as letters)."""
+    return tuple(n for n in node if isinstance(n, str) and n) if isinstance(node, list) else ()
+
+
 def _formerly(raw: dict, where: str, name: str) -> tuple[str, ...]:
-    """`formerly:` the study's earlier names (a list of names, not its own)."""
-    node = raw.get("formerly") or []
-    if not isinstance(node, list) or not all(isinstance(n, str) and n and n != name for n in node):
-        raise UserError(f"{where}: formerly", f"must be a list of the study's earlier names (got {node!r})")
-    return tuple(node)
+    """`formerly:` the study's earlier names: a list of other names than its own, each once."""
+    node = raw.get("formerly")
+    if node is None:
+        return ()
+    names = former_names(node)
+    if not isinstance(node, list) or len(names) != len(node) or len(set(names)) != len(names):
+        raise UserError(f"{where}: formerly", f"{node!r}: not a list of the study's earlier names, each once "
+                                              "(allowed: e.g. [twt_lowres])")
+    if name in names:
+        raise UserError(f"{where}: formerly", f"{name} is this study's own name, not an earlier one")
+    return names
 
 
 def own_groups(name: str) -> set[str]:
@@ -194,13 +206,13 @@ def own_groups(name: str) -> set[str]:
     study's runs from before the rename are in its old name's group). Read without checking the rest
     of the file; a folder with no study file (an earlier study's page): its own name's only."""
     path = study_dir() / f"{name}.yaml"
-    formerly: list = []
+    formerly: tuple[str, ...] = ()
     if path.is_file():
         try:
-            formerly = OmegaConf.to_container(OmegaConf.load(path)).get("formerly") or []
+            formerly = former_names(OmegaConf.to_container(OmegaConf.load(path)).get("formerly"))
         except Exception:  # unreadable: named when the study itself is loaded
-            formerly = []
-    return {study_group(n) for n in [name, *(f for f in formerly if isinstance(f, str))]}
+            formerly = ()
+    return {study_group(n) for n in [name, *formerly]}
 
 
 def _read(name: str) -> tuple[Path, dict]:
