@@ -51,8 +51,8 @@ def drop_(params: list) -> None:
 # unscaled the gradients (every optimizer but fused Adam) the check was recorded then, and step() with
 # no gradient steps nothing. Fused Adam unscales in its own step, so the check would be made in step()
 # over the gradients left: none, and update() raised "No inf checks were recorded prior to update".
-# Unscaling it here first records the check (a finite one: the scale grows as after any good step, as
-# with the other optimizers), and step() then hands fused Adam no scale and no gradient. A run does not
+# Unscaling it here first records the check (a finite one: the skipped update counts towards the
+# scale's growth interval as a good step does, as with the other optimizers), and step() then hands fused Adam no scale and no gradient. A run does not
 # reach this today: with skip_spikes under mixed precision adam_on_gpu picks the unfused Adam (and a
 # resume= of a fused checkpoint restores the group's `fused` flag but not the optimizer's
 # _step_supports_amp_scaling, so Lightning unscales it as any other); the gate no longer relies on that.

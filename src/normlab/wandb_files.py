@@ -1,9 +1,10 @@
 """Reading W&B's own run files (<run>/wandb/*/run-<id>.wandb), the one place normlab does.
 
 The format is wandb's, not a public API: the LevelDB log format (a 7-byte file header, 32 KiB
-blocks, a 7-byte header per chunk) around `wandb_internal_pb2.Record` messages. It is read for one
-fact only, the last training step a run's earlier legs logged, so a continued run does not log the
-steps between its checkpoint and the kill a second time (a W&B run only appends). What a killed
+blocks, a 7-byte header per chunk) around `wandb_internal_pb2.Record` messages. It is read for two
+facts: the last training step a run's earlier legs logged, so a continued run does not log the
+steps between its checkpoint and the kill a second time (a W&B run only appends), and whether a
+finished run's file holds its exit record yet (wait_until_finished). What a killed
 process had not flushed is not in the file, and is logged again: nothing is lost either way.
 tests/test_loggers.py reads a file the pinned wandb writes, so a change of format fails there.
 """
