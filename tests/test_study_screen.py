@@ -92,6 +92,10 @@ def test_a_smoke_study_screens_an_arm_and_runs_its_seeds_at_the_choice(tmp_path)
     assert choice["chosen"] == min(values, key=values.get)  # the lowest valid loss at the rung
     assert sorted(n for n, row in rows.items() if row["dropped_at"] == 3) == sorted(set(rows) - {choice["chosen"]})
     assert not (out / "screen" / "b1.json").exists()
+    for name in rows:  # each setting's rung record, committed with the choice (a fresh clone continues from it)
+        rec = json.loads((out / "screen" / "a" / name / "results.json").read_text())
+        assert (rec["rung"], rec["steps"], rec["status"]) == (3, 3, "stopped") and rec["identity_hash"]
+        assert sorted(p.name for p in (out / "screen" / "a" / name).iterdir()) == ["metrics.csv", "results.json"]
     # the screened arm's seeds run at the chosen setting; seed 1 is the screen's run, continued
     chosen = dict(o.split("=") for o in rows[choice["chosen"]]["overrides"])
     screen_runs = {p.name for p in runs.iterdir() if p.is_dir()}

@@ -9,6 +9,11 @@ Where things go (the study command sets them):
   report and the claims read, small enough to commit. A record whose identity hash matches the
   run the study would launch counts as done, so a study continues across machines from its
   committed records.
+- a screen's rung records: <out>/screen/<arm>/<setting>/ (results.json with the rung, metrics.csv;
+  screen_run.py), written as each setting's run reaches its rung, so a screen continues across
+  machines too: a setting whose record reached the rung is ranked from it and trains nothing; one
+  that goes on trains again from step 0 where its run folder is gone (its checkpoint is not
+  committed). The choice: <out>/screen/<arm>.json.
 SIGTERM / SIGINT: every running job gets SIGTERM (each writes a full checkpoint and stops,
 `status: preempted`); the study exits 143 / 130 and the same command continues it.
 """
@@ -145,23 +150,27 @@ def run_results(job: Job) -> dict | None:
     return read_results(job.run_dir / "results.json", record=False)
 
 
-def write_record(study: Study, job: Job, res: dict, jobs: int = 1) -> None:
+def write_record(study: Study, job: Job, res: dict, jobs: int = 1, rung: int | None = None) -> None:
     """Copy what the report needs from the run folder into the record (atomically: a temp folder,
     then one rename). `jobs`: the runs that shared the machine with it (its wall time counts 1/jobs
-    of the machine's)."""
+    of the machine's). `rung`: a screen's run paused at (or ended before) that rung
+    (screen_run.RungSweep): its results, named by the run's identity hash and the rung, and its
+    metrics.csv only (no checkpoint, no translations), what the screen ranks by."""
     tmp = job.record.with_name(f".{job.record.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     res = dict(res, study={"name": study.name, "arm": job.arm.name, "seed": job.seed, "budget": study.budget,
                            "overrides": job.overrides, "run_dir": str(job.run_dir), "jobs": jobs})
+    if rung is not None:  # the run folder names its identity; the job's is the same (the folder is named by it)
+        res.update(identity_hash=res.get("identity_hash") or job.identity_hash, rung=rung)
     (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     hyp = job.run_dir / "test.hyp"
-    if hyp.is_file():
+    if hyp.is_file() and rung is None:
         with open(hyp, "rb") as src, gzip.GzipFile(tmp / "test.hyp.gz", "wb", mtime=0) as dst:
             shutil.copyfileobj(src, dst)
     if (job.run_dir / "csv" / "metrics.csv").is_file():
         shutil.copy(job.run_dir / "csv" / "metrics.csv", tmp / "metrics.csv")
-    if (job.run_dir / "prune" / "prune.json").is_file():
+    if (job.run_dir / "prune" / "prune.json").is_file() and rung is None:
         shutil.copy(job.run_dir / "prune" / "prune.json", tmp / "prune.json")
         for hyp in sorted((job.run_dir / "prune" / "hyps").glob("*-r*.test.hyp")):  # every_other-r3.test.hyp
             strategy, kept = hyp.name[:-len(".test.hyp")].rsplit("-r", 1)

@@ -108,26 +108,36 @@ def check_rungs(screen: Screen, max_steps: int, val_interval) -> None:
                             f"below trainer.max_steps={max_steps}")
 
 
-def rung_value(run_dir: Path, step: int, by: str) -> float | None:
+def metrics_csv(path: Path) -> Path:
+    """A run's metrics.csv: `path` itself, or in a folder: a run folder's csv/metrics.csv, else a
+    record's metrics.csv (a screen's rung record, runner.write_record)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    return path / "csv" / "metrics.csv" if (path / "csv").is_dir() else path / "metrics.csv"
+
+
+def rung_value(metrics: Path, step: int, by: str) -> float | None:
     """The validation metric `by` (valid_loss -> valid/loss) the run logged at optimizer step `step`
-    (Lightning's 0-based step `step - 1` in metrics.csv), None if it has none (diverged, stalled)."""
+    (Lightning's 0-based step `step - 1` in metrics.csv), None if it has none (diverged, stalled).
+    `metrics`: its metrics.csv, or the folder that holds it (metrics_csv)."""
     column = "valid/" + by[len("valid_"):]
-    for row in read_metrics(run_dir / "csv" / "metrics.csv") or []:  # damaged: named once, no value
+    for row in read_metrics(metrics_csv(metrics)) or []:  # damaged: named once, no value
         if row.get("step") == step - 1 and column in row:
             return row[column] if math.isfinite(row[column]) else None
     return None
 
 
-def ranked_value(run_dir: Path, step: int, by: str, status: str | None) -> float | None:
+def ranked_value(metrics: Path, step: int, by: str, status: str | None) -> float | None:
     """What a setting is ranked by at the rung at `step`: its validation there (rung_value). A run that
     completed before the rung stopped at its plateau (callbacks.plateau: its loss gained less than the
     study's min_delta over the window), so its last validation stands for it; it had no value at the rung
     and was ranked as a diverged one."""
-    value = rung_value(run_dir, step, by)
+    value = rung_value(metrics, step, by)
     if value is not None or status != "completed":
         return value
     column = "valid/" + by[len("valid_"):]
-    before = [row for row in read_metrics(run_dir / "csv" / "metrics.csv") or []
+    before = [row for row in read_metrics(metrics_csv(metrics)) or []
               if row.get("step", step) < step and column in row]
     last = max(before, key=lambda row: row["step"], default=None)
     return last[column] if last is not None and math.isfinite(last[column]) else None

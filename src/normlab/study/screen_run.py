@@ -5,35 +5,88 @@ A rung's jobs are ordinary study runs (runner.Sweep) told to pause at the rung
 (`callbacks.preemption.stop_at_step`); a run already at or past the rung, or finished (diverged or
 stalled: dropped), trains nothing. So the screen continues after SIGTERM like the rest of a study,
 and a second run of the command finds the choices made (<out>/screen/<arm>.json) and goes on.
+
+What is where (runner.py's docstring for the rest of a study):
+- run folders: <runs>/<run name> (checkpoints, logs; not committed): a kept setting continues from
+  its checkpoint at the rung.
+- rung records: <out>/screen/<arm>/<setting>/ (results.json: the run's results, its identity_hash
+  and the rung; metrics.csv), written when the setting's run is found at its rung (RungSweep) and
+  replaced at the next; committed, small (no checkpoint).
+- the choice: <out>/screen/<arm>.json, once every rung of the arm is ranked.
+On a fresh clone (the run folders gone) the screen continues from its rung records: a setting whose
+record of today's identity reached the rung is ranked from the record's metrics.csv and trains
+nothing; a setting kept at a rung trains again from step 0 to the next (its checkpoint was not
+committed). A record of another identity (a changed grid or arm) is not read.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from normlab.outcome import FINISHED
+from normlab.study.damaged import read_results
 from normlab.study.plan import Job, compose, make_job
-from normlab.study.runner import Sweep, run_results
-from normlab.study.screen import (check_rungs, ranked_value, read_choice, setting_name, setting_overrides, survivors,
-                                   write_choice)
+from normlab.study.runner import Sweep, run_results, write_record
+from normlab.study.screen import (check_rungs, metrics_csv, ranked_value, read_choice, setting_name, setting_overrides,
+                                   survivors, write_choice)
 from normlab.study.spec import Arm, Study
 
 
+def at_rung(res: dict, rung: int) -> bool:
+    """A run's results say it reached the rung: finished (diverged or stalled: out; completed: at its
+    plateau), or paused at or past the rung."""
+    return res.get("status") in FINISHED or (res.get("status") == "stopped" and int(res.get("steps") or 0) >= rung)
+
+
+def rung_record(job: Job, rung: int) -> dict | None:
+    """The setting's rung record when it holds today's run (the job's identity hash, as
+    runner.record_done asks) at `rung` or past it; else None."""
+    res = read_results(job.record / "results.json", record=True)  # None: none, or damaged (named)
+    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung):
+        return None
+    return res
+
+
+def rung_results(job: Job, rung: int) -> tuple[dict, Path]:
+    """(results, metrics.csv) of the setting's run with respect to `rung`: its run folder's while it
+    has a results.json, else its rung record's when that reached the rung (the run folder gone: a
+    fresh clone), else ({}, the run folder's)."""
+    res = run_results(job)
+    if res is None and not (job.run_dir / "results.json").is_file():
+        record = rung_record(job, rung)
+        if record is not None:
+            return record, metrics_csv(job.record)
+    return res or {}, metrics_csv(job.run_dir)
+
+
 class RungSweep(Sweep):
-    """A Sweep whose jobs pause at their rung: a run paused there counts as trained, and no record is
-    written (the screen's choice file is its record)."""
+    """A Sweep whose jobs pause at their rung: a run paused there counts as trained, and its rung
+    record is written (runner.write_record); a run whose folder is gone counts as trained when its
+    rung record reached the rung."""
 
     def _trained(self, job: Job, res: dict) -> bool:
-        return res.get("status") in FINISHED or (res.get("status") == "stopped" and int(res.get("steps") or 0) >= job.stop_at)
+        return at_rung(res, job.stop_at)
 
     def _next(self, job: Job) -> None:
-        res = run_results(job) or {}
+        res, _ = rung_results(job, job.stop_at)
         if not self._trained(job, res):
+            # no run folder (a fresh clone: the setting was kept at the rung before, its checkpoint not
+            # committed): train.py starts it from step 0, with the same seed and data order
             self._start(job, "train", self._train_command(job))
             self.say(f"start {job.tag} (screen {Path(job.record).name}, to step {job.stop_at}): {job.run_dir}")
             return
+        if run_results(job) is not None and not _recorded(job, res):
+            write_record(self.study, job, res, self.parallel, rung=job.stop_at)
         self.recorded += 1
         self.say(f"rung  {job.tag} ({Path(job.record).name}) at step {job.stop_at}: status {res.get('status')} "
                  f"({self._progress()})")
+
+
+def _recorded(job: Job, res: dict) -> bool:
+    """The rung record already holds the run as it is (a later rung's record is not replaced by an
+    earlier rung's job finding the same run)."""
+    old = rung_record(job, job.stop_at)
+    return old is not None and (old.get("status"), old.get("steps")) == (res.get("status"), res.get("steps")) \
+        and int(old.get("rung") or 0) >= job.stop_at
 
 
 def screen_jobs(study: Study, arm: Arm, runs: Path, out: Path, names: list[str], rung: int) -> dict[str, Job]:
@@ -90,11 +143,11 @@ def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict]
     """Rank the settings that reached the rung; return those that go on, mark the others dropped."""
     values = {}
     for name, job in jobs.items():
-        res = run_results(job) or {}
+        res, metrics = rung_results(job, rung)  # the run folder's, or the rung record's where it is gone
         rows[name]["status"] = res.get("status")
         rows[name]["floor"] = res.get("input_independent_loss")  # L*: a value at it is a stall the guard had no time to see
         if res.get("status") == "completed" or res.get("status") == "stopped":
-            values[name] = ranked_value(job.run_dir, rung, screen.by, res.get("status"))
+            values[name] = ranked_value(metrics, rung, screen.by, res.get("status"))
         else:  # diverged or stalled before the rung: out
             values[name] = None
         rows[name]["values"][str(rung)] = values[name]

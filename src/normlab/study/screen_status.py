@@ -18,7 +18,9 @@ the run folders and records without running, copying or writing anything.
 A screen that has no choice file (<out>/screen/<arm>.json) is replayed as the study would run it
 (screen_run.run_screens): every setting that reached a rung is ranked there by the same rule
 (screen.survivors), the others are shown where they are (at the rung, stalled or diverged, training
-now, stopped part-way with the checkpoint the study continues, failed, damaged, not started). A screen
+now, stopped part-way with the checkpoint the study continues, failed, damaged, not started). A
+setting whose run folder is gone (a fresh clone) is where its rung record (<out>/screen/<arm>/<setting>/,
+screen_run.py) says, when that holds today's run: at the rung it reached, or ended there. A screen
 whose every rung is ranked has its setting: its seeds are planned (plan.plan) and shown as any run
 of the study (status.job_state), seed 1 being the chosen setting's run, continued.
 """
@@ -33,7 +35,7 @@ from normlab.study.damaged import is_damaged
 from normlab.study.plan import Job, plan
 from normlab.study.runner import record_done, run_results, shared_index
 from normlab.study.screen import Screen, ranked_value, read_choice, rung_value, setting_name, setting_overrides, survivors
-from normlab.study.screen_run import choices, screen_jobs
+from normlab.study.screen_run import choices, rung_results, screen_jobs
 from normlab.study.spec import Arm, Study
 from normlab.study.status import job_state, log_progress
 
@@ -63,8 +65,8 @@ class ArmScreen:
 
 
 def setting_state(job: Job, rung: int, by: str) -> Setting:
-    """Where one setting's run is with respect to `rung` (the run folder only: a screen's runs have no
-    record of their own)."""
+    """Where one setting's run is with respect to `rung`: its run folder, or where that is gone (a
+    fresh clone), its rung record of today's identity that reached the rung (screen_run.rung_results)."""
     s = _state(job, rung, by)
     s.folder = job.run_dir.name
     return s
@@ -77,13 +79,13 @@ def _state(job: Job, rung: int, by: str) -> Setting:
     if is_damaged(job.run_dir / "results.json", record=False):  # named in a warning (study/damaged.py)
         return Setting(name, "damaged", "its run folder's results.json is damaged (see its warning): not run while "
                        "it is there", 0)
-    res = run_results(job) or {}
+    res, metrics = rung_results(job, rung)
     status, steps = res.get("status"), int(res.get("steps") or 0)
     if status in FINISHED:  # a completed run (e.g. another study's, trained to its cap) is ranked by its value
-        value = ranked_value(job.run_dir, rung, by, status) if status == "completed" else None  # as screen_run ranks it
+        value = ranked_value(metrics, rung, by, status) if status == "completed" else None  # as screen_run ranks it
         return Setting(name, status, f"{status} at step {steps}", steps, res, value)
     if status == "stopped" and steps >= rung:  # paused at the rung (or past it, continuing)
-        s = Setting(name, "at rung", "", steps, res, rung_value(job.run_dir, rung, by))
+        s = Setting(name, "at rung", "", steps, res, rung_value(metrics, rung, by))
         s.text = f"at rung {rung}: {_value(s, by)}"
         return s
     ckpt, last, _, _ = log_progress(job.run_dir)
@@ -120,6 +122,9 @@ def replay(study: Study, arm: Arm, jobs: dict[str, Job]) -> ArmScreen:
         for n, s in states.items():  # kept at the rung before, paused there: it goes on when the study runs
             if n in before and s.state == "stopped part-way" and s.done <= screen.rungs[i - 1]:
                 s.state, s.text = "kept", f"kept at rung {screen.rungs[i - 1]} ({before[n]}): goes on to rung {rung}"
+            elif n in before and s.state == "not started" and not jobs[n].run_dir.is_dir():  # ranked from its record
+                s.state, s.text = "kept", (f"kept at rung {screen.rungs[i - 1]} ({before[n]}): its run folder is gone, "
+                                           f"trains again from step 0 to rung {rung}")
         if not all(s.trained for s in states.values()):  # the screen is at this rung
             shown.update(states)
             left = sum(max(0, rung - s.done) for s in states.values() if s.state not in FINISHED)
