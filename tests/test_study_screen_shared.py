@@ -7,6 +7,7 @@ agrees. A record of another identity is not taken. The runs are test_study_scree
 trainer (no model)."""
 import json
 import shutil
+from pathlib import Path
 
 from normlab.study.screen_run import run_screens, screen_jobs
 from normlab.study.screen_status import screened_status_lines
@@ -24,7 +25,7 @@ def second(tmp_path):
     return study, tmp_path / "runs2", tmp_path / "st2"
 
 
-def test_a_second_study_takes_the_first_studys_rung_records_on_a_fresh_clone(tiny, trainer, tmp_path):
+def test_a_second_study_takes_the_first_studys_rung_records_on_a_fresh_clone(tiny, trainer, tmp_path, monkeypatch):
     study, runs, out, _ = tiny
     assert run_screens(study, runs, out) == 0  # the first study screens its arm: 4 settings to 3, 2 to 6
     assert len(trainer()) == 6
@@ -38,7 +39,11 @@ def test_a_second_study_takes_the_first_studys_rung_records_on_a_fresh_clone(tin
     assert lines[1] == "screen a, every rung ranked; the choice is written when the study next runs: 3 left, 1 chosen"
     assert flat(lines[2]) == f"{W2} left at rung 3: valid_loss 6.500"
     assert flat(lines[4]) == f"{H2} chosen at rung 6: valid_loss -1.000; its run is the arm's seed 1"
-    assert run_screens(other, runs2, out2, records=tmp_path) == 0
+    globs, glob = [], Path.glob  # every study's rung records are looked up once a command, not per job
+    with monkeypatch.context() as m:
+        m.setattr(Path, "glob", lambda self, pattern, *a, **k: globs.append(pattern) or glob(self, pattern, *a, **k))
+        assert run_screens(other, runs2, out2, records=tmp_path) == 0
+    assert globs.count("*/screen/*/*/results.json") == 1
     assert trainer() == []  # nothing trained: every setting ranked from the first study's rung records
     theirs, ours = (json.loads((o / "screen" / "a.json").read_text()) for o in (out, out2))
     assert ours == theirs and ours["chosen"] == H2
@@ -49,8 +54,13 @@ def test_a_second_study_takes_the_first_studys_rung_records_on_a_fresh_clone(tin
         assert res["identity_hash"] == job.identity_hash and res["steps"] == src["steps"] == src["rung"]
         assert res["study"]["name"] == "st2" and res["cpu_s"] == src["cpu_s"]
         assert (job.record / "metrics.csv").read_text() == (mine[name].record / "metrics.csv").read_text()
-    # the same command again finds its own copies: nothing trained, nothing copied again
+    # the screen again (its choice file gone) ranks from its own copies: nothing trained or copied again
+    (out2 / "screen" / "a.json").unlink()
+    copies = {n: (j.record / "results.json").read_text() for n, j in jobs.items()}
+    shutil.rmtree(out)  # the first study's records gone too
     assert run_screens(other, runs2, out2, records=tmp_path) == 0 and trainer() == []
+    assert {n: (j.record / "results.json").read_text() for n, j in jobs.items()} == copies
+    assert json.loads((out2 / "screen" / "a.json").read_text()) == ours
 
 
 def test_a_rung_record_of_another_identity_in_another_study_is_not_taken(tiny, trainer, tmp_path):
