@@ -67,7 +67,9 @@ def rung_index(records: Path | None) -> dict[str, Path]:
         if any(part.startswith(".") for part in path.relative_to(records).parts[:-1]):
             continue
         res = read_results(path, record=True, seed=False)  # looked up by identity, not by seed
-        if res is None or res.get("shared_from") or not res.get("identity_hash") or res.get("rung") is None:
+        if res is None or res.get("shared_from") or res.get("rung") is None:
+            continue
+        if not isinstance(res.get("identity_hash"), str) or not res["identity_hash"]:
             continue
         key = (res.get("status") in FINISHED, int(res.get("steps") or 0))
         if res["identity_hash"] not in index or key > reach[res["identity_hash"]]:
