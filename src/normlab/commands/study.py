@@ -203,14 +203,16 @@ def _prepare(study, args: argparse.Namespace, runs: Path, out: Path) -> tuple[in
         if not args.report_only:
             run_probe(study, out)
         return 0, []
+    records = out.parent if study.budget == "full" and not args.out else None  # every study's: experiments/
     if study.screen is not None and not args.report_only:  # each arm's setting first (study/screen.py)
-        code = run_screens(study, runs, out, parallel=args.jobs, launch=args.launch)
+        # other studies' rung records of the same runs: not trained again (screen_run.rung_index)
+        code = run_screens(study, runs, out, parallel=args.jobs, launch=args.launch, records=records)
         if code:
             return code, []
     jobs = plan(study, runs, out, choices(study, out))  # every arm composed and validated before anything runs
     _keep_references(jobs, out)
-    if study.budget == "full" and not args.out:  # runs other studies recorded: not trained again
-        adopt_shared(jobs, out.parent)
+    if records is not None:  # runs other studies recorded: not trained again
+        adopt_shared(jobs, records)
     return 0, jobs
 
 

@@ -17,7 +17,7 @@ from normlab.study.claims import Verdict, statuses
 from normlab.study.fixed import change_lines, moved_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
-from normlab.study.screen_report import screen_lines
+from normlab.study.screen_report import screen_lines, screens_cost
 from normlab.study.spec import Study
 from normlab.study.verdict_text import claims_lines, fmt
 from normlab.study.wandb_groups import group_text, groups
@@ -257,7 +257,7 @@ def _cost_lines(study: Study, c: dict, out: Path) -> list[str]:
             f"seeds {', '.join(map(str, c['seeds'])) or '—'}"
             + (f" of {', '.join(map(str, study.all_seeds))} planned" if c["seeds"] != list(study.all_seeds) else "")
             + _extra_seeds(study)
-            + ")" + _shared(c) + _unfinished(study, c) + ".", "",
+            + ")" + _shared(c) + _unfinished(study, c) + screens_cost(study, out) + ".", "",
             *([f"Code (the normlab commits that trained each run, → where a run continued on another): "
                f"{c['code'] or '—'}.", ""] if study.kind != "probe" else []),
             *([f"CPUs (a rerun matches a record to the bit only on the same kernel path: "

@@ -13,7 +13,9 @@ Where things go (the study command sets them):
   screen_run.py), written as each setting's run reaches its rung, so a screen continues across
   machines too: a setting whose record reached the rung is ranked from it and trains nothing; one
   that goes on trains again from step 0 where its run folder is gone (its checkpoint is not
-  committed). The choice: <out>/screen/<arm>.json.
+  committed); another study's rung record of the same run (the same identity hash) is taken as
+  its own and copied, marked `shared_from`, as a seed's record is (adopt_shared). The choice:
+  <out>/screen/<arm>.json.
 SIGTERM / SIGINT: every running job gets SIGTERM (each writes a full checkpoint and stops,
 `status: preempted`); the study exits 143 / 130 and the same command continues it.
 """

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from normlab.study.screen import read_choice
+from normlab.study.damaged import read_results
+from normlab.study.screen import read_choice, setting_name
 from normlab.study.spec import Study
 
 
@@ -31,6 +32,66 @@ def steps_trained(data: dict) -> int:
     return sum(row["dropped_at"] or data["rungs"][-1] for row in data["settings"] if row["name"] != data["chosen"])
 
 
+def screen_cpu(study: Study, out: Path, arm: str) -> dict:
+    """The CPU time of an arm's screen (issue 36), from its rung records (<out>/screen/<arm>/<setting>/,
+    screen_run.py: each setting's run at the last rung it reached): `cpu_s`, over all the run's legs
+    (a run continued from its checkpoint carries the earlier legs' count: callbacks/full_checkpoint.py).
+    {"hours": {setting: CPU-hours} of the runs this study trained, "shared": {setting: the study that
+    trained it} (a record copied from another study's, marked `shared_from`: counted there), "missing":
+    the settings with no rung record or none with `cpu_s` (not recorded: not guessed), "chosen": the
+    chosen setting, "in_seed": whether the arm's seed record holds the chosen setting's run (the same
+    identity: the run continued as that seed, whose `cpu_s` counts the screen's steps; counted once)}."""
+    chosen = (read_choice(out / "screen" / f"{arm}.json") or {}).get("chosen")
+    hours, shared, missing, ident = {}, {}, [], {}
+    for name in (setting_name(x) for x in study.screen.settings()):
+        res = read_results(out / "screen" / arm / name / "results.json", record=True, seed=False) or {}
+        cpu, ident[name] = res.get("cpu_s"), res.get("identity_hash")
+        if isinstance(res.get("shared_from"), dict):
+            shared[name] = res["shared_from"].get("study", "?")
+        elif isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu):
+            hours[name] = float(cpu) / 3600
+        else:
+            missing.append(name)
+    seed = read_results(out / "runs" / f"{arm}-s{study.screen.seed}" / "results.json", record=True) or {}
+    in_seed = chosen is not None and ident.get(chosen) is not None and seed.get("identity_hash") == ident[chosen]
+    return {"hours": hours, "shared": shared, "missing": missing, "chosen": chosen, "in_seed": in_seed}
+
+
+def _cpu_text(c: dict, seed: int) -> str:
+    """The arm's screen in CPU time, for its line in the Screens section (screen_cpu)."""
+    parts = []
+    if c["hours"]:
+        beyond = sum(h for n, h in c["hours"].items() if n != c["chosen"])
+        parts.append(f"its settings' runs used {sum(c['hours'].values()):.2f} CPU-hours to where each left "
+                     f"({len(c['hours'])} runs; {beyond:.2f} beyond the chosen run"
+                     + (f", whose seed {seed} record counts it whole" if c["in_seed"] else "") + ")")
+    if c["missing"]:
+        parts.append(f"CPU time not recorded for {', '.join(c['missing'])} (no rung record with `cpu_s`)")
+    if c["shared"]:
+        parts.append(f"{len(c['shared'])} settings' runs shared with {', '.join(sorted(set(c['shared'].values())))} "
+                     "(the same runs, trained once; their CPU-hours are counted there)")
+    return "".join(f"; {p}" for p in parts)
+
+
+def screens_cost(study: Study, out: Path) -> str:
+    """The Cost line's clause for the screens: the CPU-hours of every screened arm's settings' runs
+    beyond what the seed records count (a chosen run continued as a seed is counted there, once),
+    from the rung records; "not recorded" for those without `cpu_s` (or no rung record: a screen from
+    before rung records, or not run yet). Empty for a study with no screen."""
+    if study.screen is None:
+        return ""
+    arms = [screen_cpu(study, out, a.name) for a in study.arms.values() if study.screened(a)]
+    hours = sum(h for c in arms for n, h in c["hours"].items() if not (c["in_seed"] and n == c["chosen"]))
+    missing, shared = sum(len(c["missing"]) for c in arms), sum(len(c["shared"]) for c in arms)
+    runs = sum(len(c["hours"]) for c in arms) + missing + shared
+    if missing == runs:
+        return "; the screens: CPU time not recorded (no rung record with `cpu_s`)"
+    return (f"; the screens: {hours:.2f} CPU-hours more (the settings' runs to where each left, from their rung "
+            "records; a chosen run continued as a seed counted once, in its seed's record"
+            + (f"; not recorded for {missing} of {runs} settings' runs" if missing else "")
+            + (f"; {shared} shared with another study, counted there" if shared else "") + ")")
+
+
 def screen_lines(study: Study, out: Path, budget_steps: int | None) -> list[str]:
     data = screen_data(study, out)
     if not data:
@@ -46,7 +107,8 @@ def screen_lines(study: Study, out: Path, budget_steps: int | None) -> list[str]
     for arm, d in data.items():
         extra = steps_trained(d)
         cost = f"; the screen trained {extra:,} steps beyond the chosen run" + (
-            f" ({extra / budget_steps:.2f} runs of {budget_steps:,} steps)" if budget_steps else "")
+            f" ({extra / budget_steps:.2f} runs of {budget_steps:,} steps)" if budget_steps else "") + _cpu_text(
+            screen_cpu(study, out, arm), s.seed)
         label = study.arms[arm].label
         lines += [f"**{label}**: chosen `{' '.join(_chosen(d))}`{cost}.", "",
                   "| setting | " + " | ".join(f"{s.by} at {r}" for r in d["rungs"]) + " | left at |",

@@ -17,9 +17,19 @@ On a fresh clone (the run folders gone) the screen continues from its rung recor
 record of today's identity reached the rung is ranked from the record's metrics.csv and trains
 nothing; a setting kept at a rung trains again from step 0 to the next (its checkpoint was not
 committed). A record of another identity (a changed grid or arm) is not read.
+Two studies that screen the same arm at the same settings hold the same runs (deep_recent's pre-LN
+and post-LN are deep_bleu's): a setting with no record of its own that reached the rung takes another
+study's rung record of its identity hash that did (rung_index: <records>/<study>/screen/<arm>/<setting>/,
+indexed once a command, as runner.shared_index indexes the seeds' records), is ranked from it and
+trains nothing; RungSweep copies it into the study's own folder marked `shared_from` (as
+runner.adopt_shared copies a seed's record), so the study's screen stands on its own records and its
+README counts that run's CPU time in the study that trained it (screen_report.py).
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 from normlab.outcome import FINISHED
@@ -46,36 +56,99 @@ def rung_record(job: Job, rung: int) -> dict | None:
     return res
 
 
-def rung_results(job: Job, rung: int) -> tuple[dict, Path]:
+def rung_index(records: Path | None) -> dict[str, Path]:
+    """{identity hash: the rung record of that run furthest along} over every study's screens,
+    <records>/<study>/screen/<arm>/<setting>/: read once a command (rung_results looks each job up in
+    it). Left out: folders being written (`.`-named, write_record's temp folders) and copies marked
+    `shared_from` (their source is there). Furthest: finished, else the most steps."""
+    index: dict[str, Path] = {}
+    reach: dict[str, tuple[bool, int]] = {}
+    for path in sorted(records.glob("*/screen/*/*/results.json")) if records is not None and records.is_dir() else []:
+        if any(part.startswith(".") for part in path.relative_to(records).parts[:-1]):
+            continue
+        res = read_results(path, record=True, seed=False)  # looked up by identity, not by seed
+        if res is None or res.get("shared_from") or res.get("rung") is None:
+            continue
+        if not isinstance(res.get("identity_hash"), str) or not res["identity_hash"]:
+            continue
+        key = (res.get("status") in FINISHED, int(res.get("steps") or 0))
+        if res["identity_hash"] not in index or key > reach[res["identity_hash"]]:
+            index[res["identity_hash"]], reach[res["identity_hash"]] = path.parent, key
+    return index
+
+
+def shared_rung(job: Job, rung: int, index: dict[str, Path]) -> tuple[dict, Path] | None:
+    """(results, folder) of another study's rung record of the job's run (rung_index) that reached
+    `rung`, read again (a record replaced since the index was read is taken only if it still holds
+    the run at the rung); else None."""
+    src = index.get(job.identity_hash)
+    if src is None or src == job.record:
+        return None
+    res = read_results(src / "results.json", record=True, seed=False)
+    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung):
+        return None
+    return res, src
+
+
+def rung_results(job: Job, rung: int, shared: dict[str, Path] | None = None) -> tuple[dict, Path]:
     """(results, metrics.csv) of the setting's run with respect to `rung`: its run folder's while it
     has a results.json, else its rung record's when that reached the rung (the run folder gone: a
-    fresh clone), else ({}, the run folder's)."""
+    fresh clone), else another study's rung record of the same run that reached it (`shared`:
+    rung_index), else ({}, the run folder's)."""
     res = run_results(job)
     if res is None and not (job.run_dir / "results.json").is_file():
         record = rung_record(job, rung)
         if record is not None:
             return record, metrics_csv(job.record)
+        found = shared_rung(job, rung, shared or {})
+        if found is not None:
+            return found[0], metrics_csv(found[1])
     return res or {}, metrics_csv(job.run_dir)
+
+
+def adopt_rung(study: Study, job: Job, res: dict, src: Path) -> None:
+    """Copy another study's rung record of the job's run (shared_rung) into the setting's own folder
+    (atomically, as runner.adopt_shared), marked `shared_from` (that study and its record) and named
+    as this study's."""
+    tmp = job.record.with_name(f".{job.record.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    res = dict(res, study={**(res.get("study") or {}), "name": study.name, "arm": job.arm.name, "seed": job.seed,
+                           "overrides": job.overrides},
+               shared_from={"study": src.parents[2].name, "record": f"screen/{src.parent.name}/{src.name}"})
+    (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    shutil.rmtree(job.record, ignore_errors=True)
+    os.replace(tmp, job.record)
 
 
 class RungSweep(Sweep):
     """A Sweep whose jobs pause at their rung: a run paused there counts as trained, and its rung
     record is written (runner.write_record); a run whose folder is gone counts as trained when its
-    rung record reached the rung."""
+    rung record reached the rung, or another study's of the same run (`shared`: rung_index), which it
+    copies into its own (adopt_rung)."""
+
+    def __init__(self, *args, shared: dict[str, Path] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shared = shared or {}
 
     def _trained(self, job: Job, res: dict) -> bool:
         return at_rung(res, job.stop_at)
 
     def _next(self, job: Job) -> None:
-        res, _ = rung_results(job, job.stop_at)
+        res, _ = rung_results(job, job.stop_at, self.shared)
         if not self._trained(job, res):
             # no run folder (a fresh clone: the setting was kept at the rung before, its checkpoint not
             # committed): train.py starts it from step 0, with the same seed and data order
             self._start(job, "train", self._train_command(job))
             self.say(f"start {job.tag} (screen {Path(job.record).name}, to step {job.stop_at}): {job.run_dir}")
             return
-        if run_results(job) is not None and not _recorded(job, res):
-            write_record(self.study, job, res, self.parallel, rung=job.stop_at)
+        if run_results(job) is not None:
+            if not _recorded(job, res):
+                write_record(self.study, job, res, self.parallel, rung=job.stop_at)
+        elif rung_record(job, job.stop_at) is None and (found := shared_rung(job, job.stop_at, self.shared)):
+            adopt_rung(self.study, job, *found)
+            self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
+                     f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
         self.recorded += 1
         self.say(f"rung  {job.tag} ({Path(job.record).name}) at step {job.stop_at}: status {res.get('status')} "
                  f"({self._progress()})")
@@ -111,8 +184,11 @@ def choices(study: Study, out: Path) -> dict[str, list[str]]:
     return found
 
 
-def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: list[str] = ()) -> int:
-    """Screen every screened arm without a choice; 0 when all are decided, 128+signal when stopped."""
+def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: list[str] = (),
+                records: Path | None = None) -> int:
+    """Screen every screened arm without a choice; 0 when all are decided, 128+signal when stopped.
+    `records`: the folder of every study's records (experiments/), whose rung records of the same
+    runs are taken (rung_index); None: this study's own only."""
     screen = study.screen
     arms = [a for a in study.arms.values() if study.screened(a) and a.name not in choices(study, out)]
     if not arms:
@@ -123,27 +199,30 @@ def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: 
     rows = {a.name: {n: {"name": n, "overrides": setting_overrides(s), "values": {}, "status": None, "dropped_at": None}
                      for n, s in zip(names, screen.settings())} for a in arms}
     alive = {a.name: list(names) for a in arms}
+    shared = rung_index(records)  # once: every study's rung records, by identity hash
     for i, rung in enumerate(screen.rungs):
         jobs = {a.name: screen_jobs(study, a, runs, out, alive[a.name], rung) for a in arms}
-        sweep = RungSweep(study, [j for js in jobs.values() for j in js.values()], runs, parallel, launch)
+        sweep = RungSweep(study, [j for js in jobs.values() for j in js.values()], runs, parallel, launch,
+                          shared=shared)
         code = sweep.run()
         if code:
             return code
         if sweep.failed or sweep.refused:  # a crash or a damaged results.json is not a result: retried next time
             return 1
         for arm in arms:
-            alive[arm.name] = _rung(screen, i, rung, jobs[arm.name], rows[arm.name])
+            alive[arm.name] = _rung(screen, i, rung, jobs[arm.name], rows[arm.name], shared)
     for arm in arms:  # one left after the last rung (screen.kept), or none if every setting failed
         chosen = alive[arm.name][0] if alive[arm.name] else None
         write_choice(out / "screen" / f"{arm.name}.json", arm.name, screen, list(rows[arm.name].values()), chosen)
     return 0
 
 
-def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict]) -> list[str]:
+def _rung(screen, i: int, rung: int, jobs: dict[str, Job], rows: dict[str, dict],
+          shared: dict[str, Path] | None = None) -> list[str]:
     """Rank the settings that reached the rung; return those that go on, mark the others dropped."""
     values = {}
     for name, job in jobs.items():
-        res, metrics = rung_results(job, rung)  # the run folder's, or the rung record's where it is gone
+        res, metrics = rung_results(job, rung, shared)  # the run folder's, else a rung record's where it is gone
         rows[name]["status"] = res.get("status")
         rows[name]["floor"] = res.get("input_independent_loss")  # L*: a value at it is a stall the guard had no time to see
         if res.get("status") == "completed" or res.get("status") == "stopped":

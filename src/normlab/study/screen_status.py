@@ -20,7 +20,9 @@ A screen that has no choice file (<out>/screen/<arm>.json) is replayed as the st
 (screen.survivors), the others are shown where they are (at the rung, stalled or diverged, training
 now, stopped part-way with the checkpoint the study continues, failed, damaged, not started). A
 setting whose run folder is gone (a fresh clone) is where its rung record (<out>/screen/<arm>/<setting>/,
-screen_run.py) says, when that holds today's run: at the rung it reached, or ended there. A screen
+screen_run.py) says, when that holds today's run: at the rung it reached, or ended there; with no such
+record of its own, where another study's rung record of the same run says (screen_run.rung_index, read
+once: the full budget's records, as the run itself takes them). A screen
 whose every rung is ranked has its setting: its seeds are planned (plan.plan) and shown as any run
 of the study (status.job_state), seed 1 being the chosen setting's run, continued.
 """
@@ -35,7 +37,7 @@ from normlab.study.damaged import is_damaged
 from normlab.study.plan import Job, plan
 from normlab.study.runner import record_done, run_results, shared_index
 from normlab.study.screen import Screen, ranked_value, read_choice, rung_value, setting_name, setting_overrides, survivors
-from normlab.study.screen_run import choices, rung_results, screen_jobs
+from normlab.study.screen_run import choices, rung_index, rung_results, screen_jobs
 from normlab.study.spec import Arm, Study
 from normlab.study.status import job_state, log_progress
 
@@ -64,22 +66,23 @@ class ArmScreen:
     left: int  # the screen's training steps left, every setting still in it to its rung (an upper bound)
 
 
-def setting_state(job: Job, rung: int, by: str) -> Setting:
+def setting_state(job: Job, rung: int, by: str, shared: dict[str, Path] | None = None) -> Setting:
     """Where one setting's run is with respect to `rung`: its run folder, or where that is gone (a
-    fresh clone), its rung record of today's identity that reached the rung (screen_run.rung_results)."""
-    s = _state(job, rung, by)
+    fresh clone), its rung record of today's identity that reached the rung, else another study's of
+    the same run (`shared`: screen_run.rung_index; screen_run.rung_results)."""
+    s = _state(job, rung, by, shared)
     s.folder = job.run_dir.name
     return s
 
 
-def _state(job: Job, rung: int, by: str) -> Setting:
+def _state(job: Job, rung: int, by: str, shared: dict[str, Path] | None) -> Setting:
     from normlab.run_folder import held_elsewhere
 
     name = job.record.name
     if is_damaged(job.run_dir / "results.json", record=False):  # named in a warning (study/damaged.py)
         return Setting(name, "damaged", "its run folder's results.json is damaged (see its warning): not run while "
                        "it is there", 0)
-    res, metrics = rung_results(job, rung)
+    res, metrics = rung_results(job, rung, shared)
     status, steps = res.get("status"), int(res.get("steps") or 0)
     if status in FINISHED:  # a completed run (e.g. another study's, trained to its cap) is ranked by its value
         value = ranked_value(metrics, rung, by, status) if status == "completed" else None  # as screen_run ranks it
@@ -113,12 +116,13 @@ def _later(screen: Screen, i: int, n: int) -> int:
     return steps
 
 
-def replay(study: Study, arm: Arm, jobs: dict[str, Job]) -> ArmScreen:
-    """The arm's screen as its run folders have it, ranked rung by rung as screen_run does."""
+def replay(study: Study, arm: Arm, jobs: dict[str, Job], shared: dict[str, Path] | None = None) -> ArmScreen:
+    """The arm's screen as its run folders have it (or its rung records, or `shared`: other studies'
+    of the same runs, screen_run.rung_index), ranked rung by rung as screen_run does."""
     screen = study.screen
     alive, shown, before = list(jobs), {}, {}
     for i, rung in enumerate(screen.rungs):
-        states = {n: setting_state(jobs[n], rung, screen.by) for n in alive}
+        states = {n: setting_state(jobs[n], rung, screen.by, shared) for n in alive}
         for n, s in states.items():  # kept at the rung before, paused there: it goes on when the study runs
             if n in before and s.state == "stopped part-way" and s.done <= screen.rungs[i - 1]:
                 s.state, s.text = "kept", f"kept at rung {screen.rungs[i - 1]} ({before[n]}): goes on to rung {rung}"
@@ -168,7 +172,8 @@ def screened_status_lines(study: Study, runs: Path, out: Path, records: Path | N
     settings = {setting_name(s): s for s in screen.settings()}
     screened = [a for a in study.arms.values() if study.screened(a)]
     cap = int(compose(study.arm_overrides(screened[0], screen.seed)).trainer.max_steps)
-    replays = {a.name: replay(study, a, screen_jobs(study, a, runs, out, list(settings), screen.rungs[0]))
+    rungs = rung_index(records)  # once: every study's rung records (None: this study's own only)
+    replays = {a.name: replay(study, a, screen_jobs(study, a, runs, out, list(settings), screen.rungs[0]), rungs)
                for a in screened if a.name not in decided}
     chosen = {**decided, **{arm: setting_overrides(settings[r.chosen.name]) for arm, r in replays.items() if r.chosen}}
     jobs = plan(study, runs, out, chosen)  # the unscreened arms and the screened ones with a setting
