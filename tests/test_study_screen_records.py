@@ -123,3 +123,32 @@ def test_a_rung_record_of_another_identity_is_not_read(tiny, trainer):
     assert sorted(trainer()) == sorted((job.run_dir.name, 0, 3) for job in jobs.values())  # all four again
     assert all(json.loads((j.record / "results.json").read_text())["identity_hash"] == j.identity_hash
                for j in jobs.values())  # and recorded anew
+
+
+def test_a_rung_record_without_its_metrics_is_no_record(tiny, trainer):
+    """Only results.json committed: the setting trains again rather than be ranked without a value
+    (as a diverged one) and dropped."""
+    study, runs, out, _ = tiny
+    jobs = first_rung(study, runs, out)
+    trainer()
+    shutil.rmtree(runs)
+    (jobs[H2].record / "metrics.csv").unlink()
+    assert [setting_state(jobs[n], 3, "valid_loss").state for n in jobs] == ["at rung", "at rung", "not started",
+                                                                            "at rung"]
+    first_rung(study, runs, out)
+    assert trainer() == [(jobs[H2].run_dir.name, 0, 3)]
+    assert (jobs[H2].record / "metrics.csv").is_file()  # recorded anew, whole
+
+
+def test_a_damaged_rung_record_is_shown_damaged_as_the_study_refuses_it(tiny, trainer):
+    study, runs, out, _ = tiny
+    jobs = first_rung(study, runs, out)
+    trainer()
+    shutil.rmtree(runs)
+    (jobs[W4].record / "results.json").write_text('{"status": "stopp')  # cut off
+    state = setting_state(jobs[W4], 3, "valid_loss")
+    assert state.state == "damaged" and "rung record" in state.text
+    sweep = RungSweep(study, list(jobs.values()), runs)
+    assert sweep.run() == 0 and len(sweep.refused) == 1  # the study leaves it out too, and trains nothing
+    sweep.log_file.close()
+    assert trainer() == []

@@ -87,3 +87,17 @@ def test_a_rung_record_of_another_identity_in_another_study_is_not_taken(tiny, t
         res = json.loads(((out2 / "screen" / "a" / name) / "results.json").read_text())
         assert res["identity_hash"] == jobs[name].identity_hash and "shared_from" not in res
     assert json.loads((out2 / "screen" / "a" / W2 / "results.json").read_text())["shared_from"]["study"] == "out"
+
+
+def test_a_second_study_on_the_same_run_folders_counts_the_runs_as_the_firsts(tiny, trainer, tmp_path):
+    """One machine, one pool of run folders (the full budget's studies/runs): the second study finds the
+    first's runs in their folders at each rung and copies the first's records (shared_from), so the
+    CPU time of each run is counted once, in the study that trained it."""
+    study, runs, out, _ = tiny
+    assert run_screens(study, runs, out) == 0 and len(trainer()) == 6
+    other, _, out2 = second(tmp_path)
+    assert run_screens(other, runs, out2, records=tmp_path) == 0
+    assert trainer() == []
+    for name, job in screen_jobs(other, other.arms["a"], runs, out2, [W2, W4, H2, H4], 3).items():
+        res = json.loads((job.record / "results.json").read_text())
+        assert res["shared_from"] == {"study": "out", "record": f"screen/a/{name}"}, name

@@ -16,7 +16,9 @@ What is where (runner.py's docstring for the rest of a study):
 On a fresh clone (the run folders gone) the screen continues from its rung records: a setting whose
 record of today's identity reached the rung is ranked from the record's metrics.csv and trains
 nothing; a setting kept at a rung trains again from step 0 to the next (its checkpoint was not
-committed). A record of another identity (a changed grid or arm) is not read.
+committed): the same seed and data order, but on another CPU kernel path another trajectory (a
+float's rounding), so its next rung's value is not the one the first machine would have logged. A
+record of another identity (a changed grid or arm), or one without its metrics.csv, is not read.
 Two studies that screen the same arm at the same settings hold the same runs (deep_recent's pre-LN
 and post-LN are deep_bleu's): a setting with no record of its own that reached the rung takes another
 study's rung record of its identity hash that did (rung_index: <records>/<study>/screen/<arm>/<setting>/,
@@ -53,7 +55,14 @@ def rung_record(job: Job, rung: int) -> dict | None:
     res = read_results(job.record / "results.json", record=True)  # None: none, or damaged (named)
     if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung):
         return None
-    return res
+    return res if ranks(job.record, res) else None
+
+
+def ranks(record: Path, res: dict) -> bool:
+    """A rung record can rank its setting: it has its metrics.csv, or it ended diverged or stalled (ranked
+    out without a value). One without (only results.json committed) is no record: the setting trains
+    again rather than be dropped as if it had diverged."""
+    return metrics_csv(record).is_file() or res.get("status") not in ("stopped", "completed")
 
 
 def rung_index(records: Path | None) -> dict[str, Path]:
@@ -85,7 +94,7 @@ def shared_rung(job: Job, rung: int, index: dict[str, Path]) -> tuple[dict, Path
     if src is None or src == job.record:
         return None
     res = read_results(src / "results.json", record=True, seed=False)
-    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung):
+    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung) or not ranks(src, res):
         return None
     return res, src
 
@@ -138,14 +147,20 @@ class RungSweep(Sweep):
         res, _ = rung_results(job, job.stop_at, self.shared)
         if not self._trained(job, res):
             # no run folder (a fresh clone: the setting was kept at the rung before, its checkpoint not
-            # committed): train.py starts it from step 0, with the same seed and data order
+            # committed): train.py starts it from step 0, the same seed and data order (on another CPU, another
+            # trajectory: module docstring)
             self._start(job, "train", self._train_command(job))
             self.say(f"start {job.tag} (screen {Path(job.record).name}, to step {job.stop_at}): {job.run_dir}")
             return
-        if run_results(job) is not None:
-            if not _recorded(job, res):
+        # another study's record of this very run (a run folder of the shared pool that study trained, or
+        # the folder gone): copied marked shared_from, so its CPU time is counted once, where it was trained
+        found = shared_rung(job, job.stop_at, self.shared) if rung_record(job, job.stop_at) is None else None
+        if found and run_results(job) is not None and _state(found[0]) != _state(res):
+            found = None  # the run went on since that record: this study's own record of where it is
+        if run_results(job) is not None and found is None:
+            if not _recorded(job, res) and metrics_csv(job.run_dir).is_file():  # no metrics: nothing to rank
                 write_record(self.study, job, res, self.parallel, rung=job.stop_at)
-        elif rung_record(job, job.stop_at) is None and (found := shared_rung(job, job.stop_at, self.shared)):
+        elif found is not None:
             adopt_rung(self.study, job, *found)
             self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
                      f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
@@ -158,8 +173,12 @@ def _recorded(job: Job, res: dict) -> bool:
     """The rung record already holds the run as it is (a later rung's record is not replaced by an
     earlier rung's job finding the same run)."""
     old = rung_record(job, job.stop_at)
-    return old is not None and (old.get("status"), old.get("steps")) == (res.get("status"), res.get("steps")) \
-        and int(old.get("rung") or 0) >= job.stop_at
+    rung = old.get("rung") if old is not None else None
+    return old is not None and _state(old) == _state(res) and isinstance(rung, int) and rung >= job.stop_at
+
+
+def _state(res: dict) -> tuple:
+    return res.get("status"), res.get("steps")
 
 
 def screen_jobs(study: Study, arm: Arm, runs: Path, out: Path, names: list[str], rung: int) -> dict[str, Job]:

@@ -82,6 +82,9 @@ def _state(job: Job, rung: int, by: str, shared: dict[str, Path] | None) -> Sett
     if is_damaged(job.run_dir / "results.json", record=False):  # named in a warning (study/damaged.py)
         return Setting(name, "damaged", "its run folder's results.json is damaged (see its warning): not run while "
                        "it is there", 0)
+    if is_damaged(job.record / "results.json", record=True):  # its rung record: the study refuses it too (runner.damaged_job)
+        return Setting(name, "damaged", "its rung record's results.json is damaged (see its warning): not run while "
+                       "it is there", 0)
     res, metrics = rung_results(job, rung, shared)
     status, steps = res.get("status"), int(res.get("steps") or 0)
     if status in FINISHED:  # a completed run (e.g. another study's, trained to its cap) is ranked by its value
