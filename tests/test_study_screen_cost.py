@@ -44,6 +44,11 @@ def test_the_readme_gives_each_screens_cpu_hours_from_its_rung_records(tiny, tra
     assert "(3 runs; 2.00 beyond the chosen run, whose seed 1 record counts it whole)" in "\n".join(
         screen_lines(study, out, 12))
     assert screens_cost(study, out).startswith("; the screens: 2.00 CPU-hours more (")
+    # seed 1 trained again from step 0 on a fresh clone (its cpu_s below the rung record's 3600): the screen's
+    # run was spent elsewhere, so the screen counts it (old code: left out, counted nowhere)
+    (seed / "results.json").write_text(json.dumps({**json.loads((seed / "results.json").read_text()), "cpu_s": 3000.0}))
+    assert screens_cost(study, out).startswith("; the screens: 3.00 CPU-hours more (")
+    (seed / "results.json").write_text(json.dumps({**json.loads((seed / "results.json").read_text()), "cpu_s": 9000.0}))
     line = _cost_lines(study, cost({}), out)[2]
     assert line.endswith("; the screens: 2.00 CPU-hours more (the settings' runs to where each left, from their rung "
                          "records; a chosen run continued as a seed counted once, in its seed's record; not recorded "

@@ -40,7 +40,8 @@ def screen_cpu(study: Study, out: Path, arm: str) -> dict:
     trained it} (a record copied from another study's, marked `shared_from`: counted there), "missing":
     the settings with no rung record or none with `cpu_s` (not recorded: not guessed), "chosen": the
     chosen setting, "in_seed": whether the arm's seed record holds the chosen setting's run (the same
-    identity: the run continued as that seed, whose `cpu_s` counts the screen's steps; counted once)}."""
+    identity, and a `cpu_s` at least the rung record's: the run continued as that seed, whose `cpu_s`
+    counts the screen's steps; counted once)}."""
     chosen = (read_choice(out / "screen" / f"{arm}.json") or {}).get("chosen")
     hours, shared, missing, ident = {}, {}, [], {}
     for name in (setting_name(x) for x in study.screen.settings()):
@@ -53,7 +54,11 @@ def screen_cpu(study: Study, out: Path, arm: str) -> dict:
         else:
             missing.append(name)
     seed = read_results(out / "runs" / f"{arm}-s{study.screen.seed}" / "results.json", record=True) or {}
-    in_seed = chosen is not None and ident.get(chosen) is not None and seed.get("identity_hash") == ident[chosen]
+    # the seed's cpu_s holds the screen's only where it continued that run: at least the rung record's
+    # (retrained from step 0 on a fresh clone, the screen's steps were spent elsewhere: counted here)
+    cpu_chosen, cpu_seed = (hours.get(chosen) or 0.0) * 3600, seed.get("cpu_s")
+    in_seed = (chosen is not None and ident.get(chosen) is not None and seed.get("identity_hash") == ident[chosen]
+               and isinstance(cpu_seed, (int, float)) and not isinstance(cpu_seed, bool) and cpu_seed >= cpu_chosen)
     return {"hours": hours, "shared": shared, "missing": missing, "chosen": chosen, "in_seed": in_seed}
 
 
