@@ -152,3 +152,22 @@ def test_a_damaged_rung_record_is_shown_damaged_as_the_study_refuses_it(tiny, tr
     assert sweep.run() == 0 and len(sweep.refused) == 1  # the study leaves it out too, and trains nothing
     sweep.log_file.close()
     assert trainer() == []
+
+
+def test_a_stale_run_folder_does_not_replace_a_record_that_went_further(tiny, trainer, tmp_path):
+    """Machine A's run folders at rung 3; machine B took the screen on to rung 6 and committed its
+    records; A runs the screen again: its folders neither replace B's records nor train again."""
+    study, runs, out, _ = tiny
+    first_rung(study, runs, out)
+    trainer()
+    stale = tmp_path / "stale"
+    shutil.copytree(runs, stale)  # A's run folders, at rung 3
+    assert run_screens(study, runs, out) == 0 and len(trainer()) == 2  # B: H2 and H4 on to rung 6
+    jobs = screen_jobs(study, study.arms["a"], stale, out, [W2, W4, H2, H4], 3)
+    records = {n: (j.record / "results.json").read_text() for n, j in jobs.items()}
+    choice = json.loads((out / "screen" / "a.json").read_text())
+    (out / "screen" / "a.json").unlink()  # so that A's screen ranks every rung again
+    assert run_screens(study, stale, out) == 0
+    assert trainer() == []
+    assert {n: (j.record / "results.json").read_text() for n, j in jobs.items()} == records
+    assert json.loads((out / "screen" / "a.json").read_text()) == choice

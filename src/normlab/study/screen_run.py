@@ -105,6 +105,10 @@ def rung_results(job: Job, rung: int, shared: dict[str, Path] | None = None) -> 
     fresh clone), else another study's rung record of the same run that reached it (`shared`:
     rung_index), else ({}, the run folder's)."""
     res = run_results(job)
+    if res is not None and (record := rung_record(job, rung)) is not None and _further(record, res):
+        # a run folder left behind here while another machine took the run further (its record committed):
+        # the record stands, and the folder neither replaces it nor trains again what it holds
+        return record, metrics_csv(job.record)
     if res is None and not (job.run_dir / "results.json").is_file():
         record = rung_record(job, rung)
         if record is not None:
@@ -175,6 +179,14 @@ def _recorded(job: Job, res: dict) -> bool:
     old = rung_record(job, job.stop_at)
     rung = old.get("rung") if old is not None else None
     return old is not None and _state(old) == _state(res) and isinstance(rung, int) and rung >= job.stop_at
+
+
+def _further(a: dict, b: dict) -> bool:
+    """Results a are further along than b: finished where b is not, or more steps."""
+    if (a.get("status") in FINISHED) != (b.get("status") in FINISHED):
+        return a.get("status") in FINISHED
+    steps = [r.get("steps") if isinstance(r.get("steps"), int) else 0 for r in (a, b)]
+    return steps[0] > steps[1]
 
 
 def _state(res: dict) -> tuple:
