@@ -48,7 +48,7 @@ def screen_cpu(study: Study, out: Path, arm: str) -> dict:
         res = read_results(out / "screen" / arm / name / "results.json", record=True, seed=False) or {}
         cpu, ident[name] = res.get("cpu_s"), res.get("identity_hash")
         if isinstance(res.get("shared_from"), dict):
-            shared[name] = res["shared_from"].get("study", "?")
+            shared[name] = str(res["shared_from"].get("study", "?"))  # a damaged field: shown, not a traceback
         elif isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu):
             hours[name] = float(cpu) / 3600
         else:
