@@ -44,11 +44,19 @@ def test_the_readme_gives_each_screens_cpu_hours_from_its_rung_records(tiny, tra
     assert "(3 runs; 2.00 beyond the chosen run, whose seed 1 record counts it whole)" in "\n".join(
         screen_lines(study, out, 12))
     assert screens_cost(study, out).startswith("; the screens: 2.00 CPU-hours more (")
-    # seed 1 trained again from step 0 on a fresh clone (its cpu_s below the rung record's 3600): the screen's
-    # run was spent elsewhere, so the screen counts it (old code: left out, counted nowhere)
-    (seed / "results.json").write_text(json.dumps({**json.loads((seed / "results.json").read_text()), "cpu_s": 3000.0}))
+    # with code legs: the seed continued the screen's run where its rung record stopped (step 6)...
+    rung = jobs[H2].record / "results.json"
+    legs = [{"from_step": 0, "commit": "c1", "dirty": False}]
+    rung.write_text(json.dumps({**json.loads(rung.read_text()), "code_legs": legs}))
+    seed_res = json.loads((seed / "results.json").read_text())
+    (seed / "results.json").write_text(json.dumps({**seed_res, "code_legs": [*legs, {**legs[0], "from_step": 6}]}))
+    assert screens_cost(study, out).startswith("; the screens: 2.00 CPU-hours more (")
+    # ...or was trained again from step 0 on a fresh clone (one leg from 0, at the same commit, with far more
+    # CPU than the screen's run): the screen's run was spent elsewhere, so the screen counts it (before: counted
+    # nowhere)
+    (seed / "results.json").write_text(json.dumps({**seed_res, "code_legs": legs}))
     assert screens_cost(study, out).startswith("; the screens: 3.00 CPU-hours more (")
-    (seed / "results.json").write_text(json.dumps({**json.loads((seed / "results.json").read_text()), "cpu_s": 9000.0}))
+    (seed / "results.json").write_text(json.dumps(seed_res))
     line = _cost_lines(study, cost({}), out)[2]
     assert line.endswith("; the screens: 2.00 CPU-hours more (the settings' runs to where each left, from their rung "
                          "records; a chosen run continued as a seed counted once, in its seed's record; not recorded "

@@ -101,3 +101,30 @@ def test_a_second_study_on_the_same_run_folders_counts_the_runs_as_the_firsts(ti
     for name, job in screen_jobs(other, other.arms["a"], runs, out2, [W2, W4, H2, H4], 3).items():
         res = json.loads((job.record / "results.json").read_text())
         assert res["shared_from"] == {"study": "out", "record": f"screen/a/{name}"}, name
+
+
+def _taken_further_by_the_second(tiny, trainer, tmp_path, same_pool: bool):
+    """The first study to rung 3; the second takes its records and trains the kept settings on to rung 6,
+    on the same run folders or on a copy (another machine); the first runs its screen again."""
+    from test_study_screen_records import first_rung
+    study, runs, out, _ = tiny
+    first_rung(study, runs, out)
+    assert len(trainer()) == 4
+    other, _, out2 = second(tmp_path)
+    runs2 = runs if same_pool else tmp_path / "runs_x"
+    if not same_pool:
+        shutil.copytree(runs, runs2)
+    assert run_screens(other, runs2, out2, records=tmp_path) == 0 and len(trainer()) == 2  # H2, H4: 3 -> 6
+    assert run_screens(study, runs, out, records=tmp_path) == 0
+    assert trainer() == []  # nothing trained again
+    for name in (H2, H4):  # the second study's records of the runs it took on: copied, counted there
+        res = json.loads((out / "screen" / "a" / name / "results.json").read_text())
+        assert (res["shared_from"], res["steps"]) == ({"study": "st2", "record": f"screen/a/{name}"}, 6), name
+
+
+def test_runs_another_study_took_further_in_the_same_run_folders_are_its_records(tiny, trainer, tmp_path):
+    _taken_further_by_the_second(tiny, trainer, tmp_path, same_pool=True)
+
+
+def test_a_stale_run_folder_gives_way_to_another_studys_record_that_went_further(tiny, trainer, tmp_path):
+    _taken_further_by_the_second(tiny, trainer, tmp_path, same_pool=False)

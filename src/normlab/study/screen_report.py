@@ -40,13 +40,13 @@ def screen_cpu(study: Study, out: Path, arm: str) -> dict:
     trained it} (a record copied from another study's, marked `shared_from`: counted there), "missing":
     the settings with no rung record or none with `cpu_s` (not recorded: not guessed), "chosen": the
     chosen setting, "in_seed": whether the arm's seed record holds the chosen setting's run (the same
-    identity, and a `cpu_s` at least the rung record's: the run continued as that seed, whose `cpu_s`
-    counts the screen's steps; counted once)}."""
+    identity, and its legs continue the rung record's (`continued`): the run continued as that seed,
+    whose `cpu_s` counts the screen's steps; counted once)}."""
     chosen = (read_choice(out / "screen" / f"{arm}.json") or {}).get("chosen")
-    hours, shared, missing, ident = {}, {}, [], {}
+    hours, shared, missing, ident, legs = {}, {}, [], {}, {}
     for name in (setting_name(x) for x in study.screen.settings()):
         res = read_results(out / "screen" / arm / name / "results.json", record=True, seed=False) or {}
-        cpu, ident[name] = res.get("cpu_s"), res.get("identity_hash")
+        cpu, ident[name], legs[name] = res.get("cpu_s"), res.get("identity_hash"), res
         if isinstance(res.get("shared_from"), dict):
             shared[name] = str(res["shared_from"].get("study", "?"))  # a damaged field: shown, not a traceback
         elif isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu):
@@ -54,12 +54,23 @@ def screen_cpu(study: Study, out: Path, arm: str) -> dict:
         else:
             missing.append(name)
     seed = read_results(out / "runs" / f"{arm}-s{study.screen.seed}" / "results.json", record=True) or {}
-    # the seed's cpu_s holds the screen's only where it continued that run: at least the rung record's
-    # (retrained from step 0 on a fresh clone, the screen's steps were spent elsewhere: counted here)
-    cpu_chosen, cpu_seed = (hours.get(chosen) or 0.0) * 3600, seed.get("cpu_s")
     in_seed = (chosen is not None and ident.get(chosen) is not None and seed.get("identity_hash") == ident[chosen]
-               and isinstance(cpu_seed, (int, float)) and not isinstance(cpu_seed, bool) and cpu_seed >= cpu_chosen)
+               and continued(legs.get(chosen), seed))
     return {"hours": hours, "shared": shared, "missing": missing, "chosen": chosen, "in_seed": in_seed}
+
+
+def continued(rung: dict | None, seed: dict) -> bool:
+    """Whether the seed record's run continued the screen's run of its rung record (so the seed's
+    cpu_s, summed over its legs, holds the screen's steps): the rung record's code legs begin the
+    seed's, and the seed's next leg starts where the record stopped. A seed trained again from step 0
+    (a fresh clone: the screen's checkpoint not committed) has no leg from there, so the screen's run
+    is counted in the screen. Records from before code_legs: the same identity is taken as continued."""
+    mine, theirs = (rung or {}).get("code_legs"), seed.get("code_legs")
+    if not isinstance(mine, list) or not isinstance(theirs, list):
+        return True
+    n = len(mine)
+    return (theirs[:n] == mine and len(theirs) > n and isinstance(theirs[n], dict)
+            and theirs[n].get("from_step") == (rung or {}).get("steps"))
 
 
 def _cpu_text(c: dict, seed: int) -> str:

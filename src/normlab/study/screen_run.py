@@ -109,6 +109,8 @@ def rung_results(job: Job, rung: int, shared: dict[str, Path] | None = None) -> 
         # a run folder left behind here while another machine took the run further (its record committed):
         # the record stands, and the folder neither replaces it nor trains again what it holds
         return record, metrics_csv(job.record)
+    if res is not None and (found := shared_rung(job, rung, shared or {})) is not None and _further(found[0], res):
+        return found[0], metrics_csv(found[1])  # the same, taken further by another study (RungSweep copies it)
     if res is None and not (job.run_dir / "results.json").is_file():
         record = rung_record(job, rung)
         if record is not None:
@@ -156,21 +158,27 @@ class RungSweep(Sweep):
             self._start(job, "train", self._train_command(job))
             self.say(f"start {job.tag} (screen {Path(job.record).name}, to step {job.stop_at}): {job.run_dir}")
             return
-        # another study's record of this very run (a run folder of the shared pool that study trained, or
-        # the folder gone): copied marked shared_from, so its CPU time is counted once, where it was trained
-        found = shared_rung(job, job.stop_at, self.shared) if rung_record(job, job.stop_at) is None else None
-        if found and run_results(job) is not None and _state(found[0]) != _state(res):
-            found = None  # the run went on since that record: this study's own record of where it is
-        if run_results(job) is not None and found is None:
-            if not _recorded(job, res) and metrics_csv(job.run_dir).is_file():  # no metrics: nothing to rank
-                write_record(self.study, job, res, self.parallel, rung=job.stop_at)
-        elif found is not None:
-            adopt_rung(self.study, job, *found)
-            self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
-                     f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
+        folder, own = run_results(job), rung_record(job, job.stop_at)
+        if not (folder is not None and own is not None and _further(own, folder)):  # else own record stands
+            self._record(job, res, folder)
         self.recorded += 1
         self.say(f"rung  {job.tag} ({Path(job.record).name}) at step {job.stop_at}: status {res.get('status')} "
                  f"({self._progress()})")
+
+
+    def _record(self, job: Job, res: dict, folder: dict | None) -> None:
+        """Another study's record of this very run (a run folder of the shared pool that study trained,
+        one it took further than this folder, or the folder gone) is copied marked shared_from, so the
+        run's CPU time is counted once, where it was trained; else the run folder's state is recorded."""
+        found = None if _recorded(job, res) else shared_rung(job, job.stop_at, self.shared)
+        if found is not None and folder is not None and _further(folder, found[0]):
+            found = None  # the run went on here since that record: this study's own record of where it is
+        if found is not None:
+            adopt_rung(self.study, job, *found)
+            self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
+                     f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
+        elif folder is not None and not _recorded(job, res) and ranks(job.run_dir, folder):
+            write_record(self.study, job, res, self.parallel, rung=job.stop_at)
 
 
 def _recorded(job: Job, res: dict) -> bool:
@@ -178,14 +186,16 @@ def _recorded(job: Job, res: dict) -> bool:
     earlier rung's job finding the same run)."""
     old = rung_record(job, job.stop_at)
     rung = old.get("rung") if old is not None else None
-    return old is not None and _state(old) == _state(res) and isinstance(rung, int) and rung >= job.stop_at
+    return (old is not None and _state(old) == _state(res) and isinstance(rung, int) and not isinstance(rung, bool)
+            and rung >= job.stop_at)
 
 
 def _further(a: dict, b: dict) -> bool:
     """Results a are further along than b: finished where b is not, or more steps."""
     if (a.get("status") in FINISHED) != (b.get("status") in FINISHED):
         return a.get("status") in FINISHED
-    steps = [r.get("steps") if isinstance(r.get("steps"), int) else 0 for r in (a, b)]
+    steps = [r.get("steps") if isinstance(r.get("steps"), (int, float)) and not isinstance(r.get("steps"), bool)
+             else 0 for r in (a, b)]
     return steps[0] > steps[1]
 
 
