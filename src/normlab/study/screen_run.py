@@ -101,8 +101,9 @@ def shared_rung(job: Job, rung: int, index: dict[str, Path]) -> tuple[dict, Path
 
 def rung_results(job: Job, rung: int, shared: dict[str, Path] | None = None) -> tuple[dict, Path]:
     """(results, metrics.csv) of the setting's run with respect to `rung`: its run folder's while it
-    has a results.json, else its rung record's when that reached the rung (the run folder gone: a
-    fresh clone), else another study's rung record of the same run that reached it (`shared`:
+    has a results.json (unless its own or another study's rung record took the run further: a folder
+    left behind on this machine), else its rung record's when that reached the rung (the run folder
+    gone: a fresh clone), else another study's rung record of the same run that reached it (`shared`:
     rung_index), else ({}, the run folder's)."""
     res = run_results(job)
     if res is not None and (record := rung_record(job, rung)) is not None and _further(record, res):
@@ -164,7 +165,6 @@ class RungSweep(Sweep):
         self.recorded += 1
         self.say(f"rung  {job.tag} ({Path(job.record).name}) at step {job.stop_at}: status {res.get('status')} "
                  f"({self._progress()})")
-
 
     def _record(self, job: Job, res: dict, folder: dict | None) -> None:
         """Another study's record of this very run (a run folder of the shared pool that study trained,
