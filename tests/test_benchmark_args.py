@@ -313,3 +313,36 @@ def test_observatory_cost_rejects_zero_steps_and_computes_its_ratios(monkeypatch
                     "on": [{"wall_s": 104.0, "train_tokens_per_s": 990.0}]})
     assert out["median"]["off"] == {"wall_s": 110.0, "train_tokens_per_s": 950.0}
     assert out["run_cost"] == 104.0 / 110.0 - 1 and out["step_cost"] == 950.0 / 990.0 - 1
+    assert "observatory_share" not in out  # runs without the hooks' timings: no share claimed
+    on = [{"wall_s": 100.0, "train_tokens_per_s": 1.0, "observatory_share": s, "observatory_s": {"step": s * 50,
+           "validation": s * 50}} for s in (0.01, 0.03, 0.02)]
+    out = mod.cost({"off": [{"wall_s": 100.0, "train_tokens_per_s": 1.0}], "on": on})
+    assert out["observatory_share"] == 0.02 and out["observatory_s"] == {"step": 1.0, "validation": 1.0}
+
+
+def test_observatory_cost_times_each_hook_by_its_kind_and_keeps_what_it_returns():
+    spec = importlib.util.spec_from_file_location("bench_observatory_cost", BENCHMARKS / "observatory_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    clock = iter(range(0, 1000, 1))  # perf_counter: 0, 1, 2, ...: each call's time is the ticks it spans
+    mod.time = type("T", (), {"perf_counter": staticmethod(lambda: float(next(clock)))})
+
+    class Hooks:
+        def on_before_optimizer_step(self, *a):
+            return "opt"
+
+        def on_train_batch_end(self, *a):
+            next(clock)  # two ticks
+            return "end"
+
+        def on_validation_batch_start(self, *a, **k):
+            for _ in range(4):
+                next(clock)
+            return k
+
+    totals = {}
+    mod.timed_hooks(Hooks, totals)
+    h = Hooks()
+    assert h.on_before_optimizer_step(1) == "opt" and h.on_train_batch_end(1) == "end"
+    assert h.on_validation_batch_start(1, batch_idx=0) == {"batch_idx": 0}
+    assert totals == {"step": 1.0 + 2.0, "validation": 5.0}
