@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.errors import UserError
-from normlab.study.damaged import read_metrics
+from normlab.study.damaged import read_metrics, warn
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,17 @@ def ranked_value(metrics: Path, step: int, by: str, status: str | None) -> float
     return last[column] if last is not None and math.isfinite(last[column]) else None
 
 
+def validated(metrics: Path, rung: int, status: str | None) -> bool:
+    """Whether a record's metrics.csv holds the validation it is ranked by at `rung` (ranked_value):
+    the rung's own (a run paused at or past the rung), or a last one before it (a run completed at its
+    plateau). A file cut off or emptied holds neither: its record is not read (screen_run.ranks)."""
+    rows = read_metrics(metrics_csv(metrics)) or []  # damaged: named once, no rows
+    logged = [row for row in rows if any(k.startswith("valid/") and math.isfinite(v) for k, v in row.items())]
+    if any(row.get("step") == rung - 1 for row in logged):
+        return True
+    return status == "completed" and any(row.get("step", rung) < rung for row in logged)
+
+
 def lower_better(by: str) -> bool:
     return bool(re.search(r"(loss|nll|ppl)$", by))
 
@@ -170,9 +181,79 @@ def write_choice(path: Path, arm: str, screen: Screen, rows: list[dict], chosen:
     tmp.replace(path)
 
 
-def read_choice(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+NOT_DECIDED = "treated as not decided and left as it is (move it away: the screen is ranked again from its rung records)"
+
+
+def choice_problem(path: Path) -> str | None:
+    """What keeps <out>/screen/<arm>.json from being read as a screen's record (write_choice's keys and
+    types, which the status, the outcome claims and the README compute with); None when it is absent
+    or fine."""
+    if not Path(path).exists():
         return None
-    return data if isinstance(data, dict) and data.get("chosen") else None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        return f"unreadable ({e.strerror or e.__class__.__name__})" if isinstance(e, OSError) else "not UTF-8"
+    except ValueError as e:
+        return f"not JSON ({e})"
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    rows = data.get("settings")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
+        return "settings is not a list of named settings"
+    for r in rows:
+        problem = _row_problem(r)
+        if problem:
+            return f"setting {r['name']}: {problem}"
+    chosen = data.get("chosen")
+    if chosen is not None and chosen not in [r["name"] for r in rows]:
+        return f"chosen {chosen!r} is none of its settings"
+    if not isinstance(data.get("rungs"), list) or not all(_count(v) for v in data["rungs"]) or not data["rungs"]:
+        return "rungs is not a list of steps"
+    return None
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _row_problem(r: dict) -> str | None:
+    missing = [k for k in ("overrides", "values", "status", "dropped_at") if k not in r]
+    if missing:
+        return f"no {', '.join(missing)}"
+    ov = r.get("overrides")
+    if not isinstance(ov, list) or not all(isinstance(o, str) and "=" in o for o in ov):
+        return "overrides is not a list of key=value"
+    values = r.get("values")
+    if not isinstance(values, dict) or not all(k.isdigit() and (v is None or _number(v)) for k, v in values.items()):
+        return "values is not {step: a number or null}"
+    if not (r["dropped_at"] is None or _count(r["dropped_at"])):
+        return f"dropped_at {r['dropped_at']!r} is not a step"
+    if not (r.get("floor") is None or _number(r["floor"])):
+        return f"floor {r['floor']!r} is not a number"
+    if not (r["status"] is None or isinstance(r["status"], str)):
+        return f"status {r['status']!r} is not a run status"
+    return None
+
+
+def read_screen(path: Path, grid: list[str] | None = None) -> dict | None:
+    """A screen's record (decided, or every setting failed), None when it is absent, damaged (named once)
+    or, given today's `grid` (its settings' names in order), made on another grid (not taken)."""
+    problem = choice_problem(path)
+    if problem:
+        warn(path, problem, NOT_DECIDED)
+        return None
+    if not Path(path).is_file():
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return data if grid is None or [r["name"] for r in data["settings"]] == list(grid) else None
+
+
+def read_choice(path: Path, grid: list[str] | None = None) -> dict | None:
+    """A decided screen's record (read_screen) with its chosen setting; None otherwise."""
+    data = read_screen(path, grid)
+    return data if data and data.get("chosen") else None

@@ -18,11 +18,10 @@ status (not run yet) makes the screen incomplete: nothing is judged on it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from normlab.outcome import FAILED_TO_TRAIN
-from normlab.study.screen import setting_name
+from normlab.study.screen import read_screen, setting_name
 
 FLOOR_MARGIN = 0.25  # conf/callbacks/stall.yaml margin: "no better than ignoring the input"
 ENDED = ("stopped", "completed", *FAILED_TO_TRAIN)
@@ -36,11 +35,8 @@ def load_screens(study, out: Path) -> dict[str, dict]:
     grid = [setting_name(s) for s in study.screen.settings()]
     found = {}
     for arm in (a for a in study.arms.values() if study.screened(a)):
-        try:
-            data = json.loads((out / "screen" / f"{arm.name}.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and [r.get("name") for r in data.get("settings") or []] == grid:
+        data = read_screen(out / "screen" / f"{arm.name}.json", grid)  # damaged: named once, not judged
+        if data is not None:
             found[arm.name] = data
     return found
 

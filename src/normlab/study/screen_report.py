@@ -18,9 +18,9 @@ def screen_data(study: Study, out: Path) -> dict[str, dict]:
     """{arm: its <out>/screen/<arm>.json} for the screened arms that have one."""
     if study.screen is None:
         return {}
-    found = {}
-    for arm in study.arms.values():
-        data = read_choice(out / "screen" / f"{arm.name}.json") if study.screened(arm) else None
+    found, grid = {}, [setting_name(s) for s in study.screen.settings()]
+    for arm in study.arms.values():  # on today's grid only, as screen_run.choices takes it
+        data = read_choice(out / "screen" / f"{arm.name}.json", grid) if study.screened(arm) else None
         if data:
             found[arm.name] = data
     return found

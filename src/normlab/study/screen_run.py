@@ -34,12 +34,13 @@ import os
 import shutil
 from pathlib import Path
 
+from normlab.errors import UserError
 from normlab.outcome import FINISHED
-from normlab.study.damaged import read_results
+from normlab.study.damaged import read_results, warn
 from normlab.study.plan import Job, compose, make_job
 from normlab.study.runner import Sweep, run_results, write_record
-from normlab.study.screen import (check_rungs, metrics_csv, ranked_value, read_choice, setting_name, setting_overrides,
-                                   survivors, write_choice)
+from normlab.study.screen import (NOT_DECIDED, check_rungs, choice_problem, metrics_csv, ranked_value, read_choice,
+                                   setting_name, setting_overrides, survivors, validated, write_choice)
 from normlab.study.spec import Arm, Study
 
 
@@ -55,14 +56,24 @@ def rung_record(job: Job, rung: int) -> dict | None:
     res = read_results(job.record / "results.json", record=True)  # None: none, or damaged (named)
     if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung):
         return None
-    return res if ranks(job.record, res) else None
+    return res if ranks(job.record, res, rung) else None
 
 
-def ranks(record: Path, res: dict) -> bool:
-    """A rung record can rank its setting: it has its metrics.csv, or it ended diverged or stalled (ranked
-    out without a value). One without (only results.json committed) is no record: the setting trains
-    again rather than be dropped as if it had diverged."""
-    return metrics_csv(record).is_file() or res.get("status") not in ("stopped", "completed")
+def ranks(record: Path, res: dict, rung: int) -> bool:
+    """A rung record can rank its setting at `rung`: it ended diverged or stalled (ranked out without a
+    value), or its metrics.csv holds the validation it is ranked by (screen.validated). One without it
+    (only results.json committed, or a metrics.csv cut off or emptied: named once) is no record: the
+    setting trains again rather than be dropped as if it had diverged."""
+    if res.get("status") not in ("stopped", "completed"):
+        return True
+    metrics = metrics_csv(record)
+    if not metrics.is_file():
+        return False
+    if validated(metrics, rung, res.get("status")):
+        return True
+    warn(metrics, f"no validation logged at step {rung} (cut off or damaged)",
+         "its rung record is not read: the setting trains again")
+    return False
 
 
 def rung_index(records: Path | None) -> dict[str, Path]:
@@ -94,7 +105,7 @@ def shared_rung(job: Job, rung: int, index: dict[str, Path]) -> tuple[dict, Path
     if src is None or src == job.record:
         return None
     res = read_results(src / "results.json", record=True, seed=False)
-    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung) or not ranks(src, res):
+    if res is None or res.get("identity_hash") != job.identity_hash or not at_rung(res, rung) or not ranks(src, res, rung):
         return None
     return res, src
 
@@ -177,7 +188,7 @@ class RungSweep(Sweep):
             adopt_rung(self.study, job, *found)
             self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
                      f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
-        elif folder is not None and not _recorded(job, res) and ranks(job.run_dir, folder):
+        elif folder is not None and not _recorded(job, res) and ranks(job.run_dir, folder, job.stop_at):
             write_record(self.study, job, res, self.parallel, rung=job.stop_at)
 
 
@@ -219,10 +230,19 @@ def choices(study: Study, out: Path) -> dict[str, list[str]]:
     settings = {setting_name(s): s for s in study.screen.settings()}
     found = {}
     for arm in study.arms.values():
-        data = read_choice(out / "screen" / f"{arm.name}.json") if study.screened(arm) else None
-        if data and data["chosen"] in settings and [r["name"] for r in data["settings"]] == list(settings):
+        data = read_choice(out / "screen" / f"{arm.name}.json", list(settings)) if study.screened(arm) else None
+        if data:
             found[arm.name] = setting_overrides(settings[data["chosen"]])
     return found
+
+
+def check_choices(study: Study, out: Path) -> None:
+    """Refuse to screen over a damaged choice file (<out>/screen/<arm>.json): one line, nothing changed."""
+    for arm in (a for a in study.arms.values() if study.screened(a)):
+        path = out / "screen" / f"{arm.name}.json"
+        problem = choice_problem(path)
+        if problem:
+            raise UserError(str(path), f"{problem}: {NOT_DECIDED.replace('treated as not decided and ', '')}")
 
 
 def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: list[str] = (),
@@ -231,6 +251,7 @@ def run_screens(study: Study, runs: Path, out: Path, parallel: int = 1, launch: 
     `records`: the folder of every study's records (experiments/), whose rung records of the same
     runs are taken (rung_index); None: this study's own only."""
     screen = study.screen
+    check_choices(study, out)
     arms = [a for a in study.arms.values() if study.screened(a) and a.name not in choices(study, out)]
     if not arms:
         return 0
