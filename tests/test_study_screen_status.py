@@ -164,3 +164,15 @@ def test_the_command_plans_a_screened_study_and_writes_nothing(tiny, capsys):
     assert text.startswith("st (smoke): 1 screened arms x 4 settings") and "0 runs planned" not in text
     assert "screen a, at rung 3: 1 at rung, 3 not started" in text and "wait for the screen" in text
     assert files() == before
+
+
+def test_an_arm_whose_every_setting_failed_has_no_seed_runs_waiting_or_left(tiny):
+    """The old code said its two seeds "wait for their screens" and counted their 18 steps in `left:`."""
+    study, runs, out, jobs = tiny
+    for name in (W2, W4, H2, H4):
+        fake(jobs[name].run_dir, "stalled", 3, 900.0, {3: 8.0})
+    lines = screened_status_lines(study, runs, out, None)
+    assert lines[0].endswith("; 4 seed runs: 2 not started, 2 will not run (every setting of their screen failed)")
+    assert lines[1] == "screen a, every rung ranked: every setting failed, no seed runs: 4 left"
+    # left: b's two seeds alone (24 steps), at a's 3,600 CPU-s over 12 steps = 2.00 CPU-hours
+    assert lines[-1].startswith("left: about 2.00 CPU-hours") and " 24 training steps " in lines[-1], lines[-1]

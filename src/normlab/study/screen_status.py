@@ -182,14 +182,16 @@ def screened_status_lines(study: Study, runs: Path, out: Path, records: Path | N
     jobs = plan(study, runs, out, chosen)  # the unscreened arms and the screened ones with a setting
     shared = shared_index(records) if records is not None else {}
     rows = [(job, *job_state(job, shared)) for job in jobs]
-    waiting = [a for a in screened if a.name not in chosen]
-    n_wait = sum(len(study.seeds_of(a)) for a in waiting)
+    failed = [a for a in screened if a.name in replays and replays[a.name].rung is None and a.name not in chosen]
+    waiting = [a for a in screened if a.name not in chosen and a not in failed]  # failed: no seed runs, none left
+    n_wait, n_failed = (sum(len(study.seeds_of(a)) for a in arms) for arms in (waiting, failed))
     grid = " x ".join(k for k, _ in screen.grid)
     states = _tally(s.state for r in replays.values() for s in r.settings)
     head = (f"{study.name} ({study.budget}): {len(screened)} screened arms x {len(settings)} settings ({grid}, by "
             f"{screen.by} at steps {', '.join(map(str, screen.rungs))}): {len(decided)} decided"
-            + (f"; settings: {_counts(states)}" if states else "") + f"; {len(jobs) + n_wait} seed runs: "
-            + _counts({**_tally(state for _, state, _, _ in rows), "wait for their screens": n_wait}))
+            + (f"; settings: {_counts(states)}" if states else "") + f"; {len(jobs) + n_wait + n_failed} seed runs: "
+            + _counts({**_tally(state for _, state, _, _ in rows), "wait for their screens": n_wait,
+                       "will not run (every setting of their screen failed)": n_failed}))
     width = max([len(n) for n in settings] + [len(j.tag) for j in jobs] + [12]) + 2
     lines = [head]
     for arm in screened:
