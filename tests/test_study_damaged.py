@@ -96,6 +96,12 @@ RECORD = [
     ("float seed", "results.json", edit(study={"arm": "a", "seed": 1.5}), "study.seed 1.5 is not an integer"),
     ("study a list", "results.json", edit(study=["a", 1]), "study is a JSON list, not an object"),
     ("wall_s text", "results.json", edit(wall_s="1h"), "wall_s '1h' is not a number"),
+    ("steps negative", "results.json", edit(steps=-8), "steps -8 is negative"),
+    ("status a list", "results.json", edit(status=["completed"]), "status is a JSON list, not a run status"),
+    ("identity a number", "results.json", edit(identity_hash=5), "identity_hash 5 is not a hash"),
+    ("rung text", "results.json", edit(rung="abc"), "rung 'abc' is not a step"),
+    ("rung past its steps", "results.json", edit(status="stopped", rung=500),
+     "rung 500 is past the run's steps (8): a paused run is at its rung or past it"),
 ]
 SERIES = [
     ("valid/loss text", "metrics.csv", replace(",5.8\n", ",abc\n"), "line 3: valid/loss 'abc' is not a number"),

@@ -55,10 +55,20 @@ def results_problem(res: dict, record: bool, seed: bool = True) -> str | None:
     for key in ("steps", "wall_s"):
         if res.get(key) is not None and not _number(res[key]):
             return f"{key} {res[key]!r} is not a number"
+        if res.get(key) is not None and res[key] < 0:
+            return f"{key} {res[key]!r} is negative"
+    if res.get("status") is not None and not isinstance(res["status"], str):
+        return f"status is {_kind(res['status'])}, not a run status"
     if res.get("shared_from") and not isinstance(res["shared_from"], dict):
         return f"shared_from is {_kind(res['shared_from'])}, not an object"
     if not record:
         return None
+    if res.get("identity_hash") is not None and not isinstance(res["identity_hash"], str):
+        return f"identity_hash {res['identity_hash']!r} is not a hash"
+    if res.get("rung") is not None and not (_number(res["rung"], integer=True) and res["rung"] > 0):
+        return f"rung {res['rung']!r} is not a step"
+    if res.get("rung") is not None and res.get("status") == "stopped" and res["rung"] > (res.get("steps") or 0):
+        return f"rung {res['rung']} is past the run's steps ({res.get('steps')}): a paused run is at its rung or past it"
     if study.get("jobs") is not None and not _number(study["jobs"], integer=True):
         return f"study.jobs {study['jobs']!r} is not an integer"
     value = study.get("seed", res.get("seed"))
