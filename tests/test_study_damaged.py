@@ -100,6 +100,9 @@ RECORD = [
     ("status a list", "results.json", edit(status=["completed"]), "status is a JSON list, not a run status"),
     ("identity a number", "results.json", edit(identity_hash=5), "identity_hash 5 is not a hash"),
     ("rung text", "results.json", edit(rung="abc"), "rung 'abc' is not a step"),
+    ("a folder", "results.json", lambda p: (p.unlink(), p.mkdir()), "unreadable (Is a directory)"),
+    ("record a file", "results.json", lambda p: (shutil.rmtree(p.parent), p.parent.write_text("x")),
+     "unreadable (Not a directory)"),
     ("rung past its steps", "results.json", edit(status="stopped", rung=500),
      "rung 500 is past the run's steps (8): a paused run is at its rung or past it"),
 ]

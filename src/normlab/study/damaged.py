@@ -92,8 +92,12 @@ def read_results(path: Path, record: bool, seed: bool = True) -> dict | None:
 
 
 def is_damaged(path: Path, record: bool) -> bool:
-    """A results.json that is there and cannot be read as one (named once)."""
-    return Path(path).is_file() and read_results(path, record) is None
+    """A results.json that is there and cannot be read as one (named once): a file that does not read,
+    or something else in its place (a folder; a file where its folder should be), which a run or a
+    record written there would replace."""
+    path = Path(path)
+    there = path.exists() or (path.parent.exists() and not path.parent.is_dir())
+    return there and read_results(path, record) is None
 
 
 def read_metrics(path: Path) -> list[dict[str, float]] | None:

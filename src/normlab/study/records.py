@@ -213,4 +213,13 @@ def load_records(out: Path) -> dict[str, list[Record]]:
         by_arm.setdefault(rec.arm, []).append(rec)
     for recs in by_arm.values():
         recs.sort(key=lambda r: r.seed)
+    _name_stray_files(out / "runs")
     return by_arm
+
+
+def _name_stray_files(runs: Path) -> None:
+    """A file where a record's folder should be (runs/<arm>-s<seed>) holds no record: named once (the
+    glob above does not see it), left as it is."""
+    for entry in sorted(runs.iterdir()) if runs.is_dir() else []:
+        if not entry.name.startswith(".") and not entry.is_dir():
+            read_results(entry / "results.json", record=True)  # names it: unreadable (Not a directory)
