@@ -115,3 +115,16 @@ def test_a_damaged_choice_file_is_named_once_and_the_screen_refuses_to_run_over_
     assert (path.read_bytes() if path.is_file() else None) == before and path.exists()
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]  # nothing written beside it
     assert not runs.exists()  # nothing trained
+
+
+@pytest.mark.parametrize("where", ["screen", "screen/a"])
+def test_a_file_where_the_screens_folder_should_be_is_refused_in_one_line(tiny, trainer, where):
+    """The old code trained every setting and failed at its first record (a traceback after the runs)."""
+    study, runs, out, _ = tiny
+    path = out / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x")
+    with pytest.raises(UserError) as e:
+        run_screens(study, runs, out)
+    assert str(e.value) == f"{path}: a file where the screen's folder should be (move it away)"
+    assert path.read_text() == "x" and not runs.exists() and trainer() == []

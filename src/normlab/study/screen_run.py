@@ -237,8 +237,13 @@ def choices(study: Study, out: Path) -> dict[str, list[str]]:
 
 
 def check_choices(study: Study, out: Path) -> None:
-    """Refuse to screen over a damaged choice file (<out>/screen/<arm>.json): one line, nothing changed."""
-    for arm in (a for a in study.arms.values() if study.screened(a)):
+    """Refuse to screen over a damaged choice file (<out>/screen/<arm>.json), or a file where the
+    screen's folders should be: one line, nothing changed."""
+    screened = [a for a in study.arms.values() if study.screened(a)]
+    for folder in (out / "screen", *(out / "screen" / a.name for a in screened)):
+        if folder.exists() and not folder.is_dir():
+            raise UserError(str(folder), "a file where the screen's folder should be (move it away)")
+    for arm in screened:
         path = out / "screen" / f"{arm.name}.json"
         problem = choice_problem(path)
         if problem:
