@@ -257,6 +257,8 @@ def test_the_cost_charges_the_cpu_time_each_run_used(tmp_path):
     assert run_cpu_hours({"cpu_s": 5400.0, "wall_s": 99999.0, "device": dev}) == (1.5, True)
     assert run_cpu_hours({"wall_s": 3600.0, "device": dev, "study": {"jobs": 2}}) == (0.5 * 2, False)
     assert run_cpu_hours({"wall_s": 3600.0, "device": "cuda: NVIDIA A100"}) == (1.0, False)
+    for damaged in (-99999.0, float("inf"), float("nan")):  # not a CPU time: estimated as if not recorded
+        assert run_cpu_hours({"cpu_s": damaged, "wall_s": 3600.0, "device": dev}) == (1.0, False)
     out = tmp_path / "out"
     record(out, "a", 1, wall_s=7200.0, cpu_s=3600.0, device=dev, identity_hash="h1")  # beside another job
     record(out, "a", 2, wall_s=3600.0, cpu_s=7200.0, device=dev.replace("1 thread", "2 threads"), identity_hash="h2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import time
@@ -80,8 +81,9 @@ def run_cpu_hours(res: dict) -> tuple[float, bool]:
     """(CPU-hours a run used, measured?): its results.json `cpu_s` over all its legs (hardware.py);
     a record from before CPU time was counted: its wall time x its share of the machine x the cores
     (machine_share: all of its share used, an upper bound; 1 core where the device names none)."""
-    if isinstance(res.get("cpu_s"), (int, float)) and not isinstance(res.get("cpu_s"), bool):
-        return float(res["cpu_s"]) / 3600, True
+    cpu = res.get("cpu_s")
+    if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu) and cpu >= 0:
+        return float(cpu) / 3600, True  # a negative or infinite one is damaged: estimated as if not recorded
     m = re.match(r"cpu: .*?, (\d+) cores, ", str(res.get("device") or ""))
     cores = int(m.group(1)) if m else 1
     return float(res.get("wall_s") or 0) * machine_share(res) * cores / 3600, False
