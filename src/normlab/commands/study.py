@@ -81,7 +81,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         else:
             raise UserError(item, "not a study setting",
                             ["study.budget=<full|smoke>", f"trainer.accelerator=<{'|'.join(ACCELERATORS)}>"])
-    args.budget = args.budget or "full"
+    args.budget = "full" if args.budget is None else args.budget  # "" (study.budget=): load_study refuses it
+    for flag, value in (("--out", args.out), ("--runs", args.runs)):
+        _check_folder(flag, value)
     if args.jobs is None:
         args.jobs = default_jobs(accelerator)
     if args.jobs < 1:
@@ -89,6 +91,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not args.list and not args.name:
         raise UserError("normlab-study", "name a study (normlab-study --list shows them)")
     return args
+
+
+def _check_folder(flag: str, value: str | None) -> None:
+    """--out or --runs names a folder, or one to make: not empty (that would be the default), not a
+    file, not under a file."""
+    if value is None:
+        return
+    if not value:
+        raise UserError(flag, "an empty path", "a folder, or no " + flag + " for the default")
+    path = Path(value)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(flag, f"{value} is a file, not a folder" if p == path
+                                else f"{value}: {p} is a file, not a folder")
+            return
 
 
 VERIFY_STEPS = 20  # --verify's default: a check in about a minute for a small study's run

@@ -16,7 +16,6 @@ commit not in this clone, a kernel path this CPU does not have.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -28,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.study.verify_record import LOSSES, logged_losses, read_results
 from normlab.study.verify_why import RerunCode, record_legs, recorded_threads  # noqa: F401 (the tests read them here)
 
-LOSSES = ("train/loss", "train/nll")  # what training logs (lit_module.training_step), compared as written
 # torch's ATen kernel families on x86, lowest first: a lower one than the CPU's can be asked for
 # (ATEN_CPU_CAPABILITY), a higher one cannot
 ATEN_ORDER = ("DEFAULT", "AVX2", "AVX512")
@@ -52,19 +51,6 @@ def find_record(out: Path, run: str) -> Path:
     names = sorted(p.parent.name for p in (out / "runs").glob("*/results.json") if not p.parent.name.startswith("."))
     raise UserError("--verify", f"{run!r} is not a record of {out}/runs nor a folder with a results.json",
                     names or "none recorded yet")
-
-
-def logged_losses(metrics: Path) -> dict[int, dict[str, str]]:
-    """{step: {"train/loss": "8.3657...", ...}} as the CSV logger wrote them (step: metrics.csv's, the
-    optimizer steps done before it). Strings: a float32 written by the same logger is the same text
-    exactly when it is the same number."""
-    out: dict[int, dict[str, str]] = {}
-    with open(metrics, newline="") as f:
-        for row in csv.DictReader(f):
-            vals = {k: row[k] for k in LOSSES if row.get(k) not in (None, "")}
-            if vals and str(row.get("step", "")).isdigit():
-                out[int(row["step"])] = vals
-    return out
 
 
 def rerun_env(res: dict, here: dict, env: dict | None = None) -> tuple[dict, list[str]]:
@@ -166,14 +152,11 @@ def compare(theirs: dict[int, dict[str, str]], ours: dict[int, dict[str, str]], 
 
 def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     """0: every logged loss equal; 1: one differs (or the rerun logged none); raises UserError for a
-    record that cannot be checked or a rerun that failed (its folder kept)."""
+    record that cannot be checked (before any work: verify_record.py) or a rerun that failed (its
+    folder kept). The temporary folder is removed on every other way out (an error, Ctrl-C)."""
     from normlab.hardware import cpu_info
-    from normlab.study.verify_why import conclusion, reasons
 
-    try:
-        res = json.loads((record / "results.json").read_text())
-    except ValueError as e:
-        raise UserError(f"{record}/results.json", f"not a readable record: {e}") from None
+    res = read_results(record / "results.json")
     if not (record / "metrics.csv").is_file() or not (res.get("study") or {}).get("overrides"):
         raise UserError(f"{record}", "a record without metrics.csv or study.overrides cannot be rerun")
     theirs = logged_losses(record / "metrics.csv")
@@ -182,13 +165,32 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     steps, notes = steps_to_compare(theirs, steps, record.name)
     env, env_notes = rerun_env(res, cpu_info())
     run_dir = Path(tempfile.mkdtemp(prefix=f"normlab-verify-{record.name}-"))
+    keep = False  # True once a line names the folder: a rerun that differs, or failed (its log)
+    try:
+        status = _rerun(record, res, theirs, steps, launch, env, (notes, env_notes), run_dir, say)
+        keep = status != 0
+        return status
+    except UserError:
+        keep = True
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _rerun(record: Path, res: dict, theirs: dict, steps: int, launch: list[str], env: dict,
+           notes: tuple[list[str], list[str]], run_dir: Path, say) -> int:
+    """The record's first steps trained again in run_dir and compared: 0 equal, 1 not (the folder
+    named, for a look); UserError: the rerun failed (its log named)."""
+    from normlab.study.verify_why import conclusion, reasons
+
     code = rerun_code(res, steps, run_dir / "code")
     if code.root is not None:  # the record's own code, not this checkout's (nor the user's PYTHONPATH)
         env["PYTHONPATH"] = os.pathsep.join(str(code.root / d) for d in ("src", "pause") if (code.root / d).is_dir())
     cmd = train_command(res, steps, run_dir / "run", launch, code.pause)
     say(f"rerunning the first {steps} steps of {record} in {run_dir} "
         f"({env.get('OMP_NUM_THREADS', 'default')} thread(s))"
-        + "".join(f"; {n}" for n in notes + code.notes + env_notes))
+        + "".join(f"; {n}" for n in notes[0] + code.notes + notes[1]))
     with open(run_dir / "train.log", "w", encoding="utf-8") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     mine = _read_json(run_dir / "run" / "results.json")
@@ -200,7 +202,6 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
     metrics = run_dir / "run" / "csv" / "metrics.csv"
     verdict = compare(theirs, logged_losses(metrics) if metrics.is_file() else {}, steps)
     if verdict.equal:
-        shutil.rmtree(run_dir, ignore_errors=True)
         say(verdict.lines[0])
         return 0
     why = reasons(res, mine, steps, record, code)
