@@ -115,7 +115,9 @@ def test_a_damaged_metrics_csv_is_refused_at_its_line(metrics, what, tmp_path, t
     assert list(tmpdir_here.iterdir()) == []
 
 
-@pytest.mark.parametrize("failure", [RuntimeError("boom"), KeyboardInterrupt()], ids=["an error", "Ctrl-C"])
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), KeyboardInterrupt(),
+                                     UserError("abc1234", "a commit this clone does not have")],
+                         ids=["an error", "Ctrl-C", "a refusal that names no file in it"])
 def test_the_temporary_folder_is_removed_when_the_rerun_breaks_off(failure, tmp_path, tmpdir_here, monkeypatch):
     record = make_record(tmp_path / "rec")
     made = []

@@ -170,9 +170,9 @@ def verify(record: Path, steps: int, launch: list[str] = (), say=print) -> int:
         status = _rerun(record, res, theirs, steps, launch, env, (notes, env_notes), run_dir, say)
         keep = status != 0
         return status
-    except UserError:
-        keep = True
-        raise
+    except UserError as e:
+        keep = str(run_dir) in str(e)  # a failed rerun's line names its log there; another error (a commit
+        raise  # this clone lacks) names nothing in it
     finally:
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
