@@ -3,6 +3,7 @@ the claims and the report (results.json, test.hyp.gz, metrics.csv, prune.json)."
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,7 +220,7 @@ def load_records(out: Path) -> dict[str, list[Record]]:
 
 def _name_stray_files(runs: Path) -> None:
     """A file where a record's folder should be (runs/<arm>-s<seed>) holds no record: named once (the
-    glob above does not see it), left as it is."""
+    glob above does not see it), left as it is. Other files (notes, a README) are not records."""
     for entry in sorted(runs.iterdir()) if runs.is_dir() else []:
-        if not entry.name.startswith(".") and not entry.is_dir():
-            read_results(entry / "results.json", record=True)  # names it: unreadable (Not a directory)
+        if not entry.name.startswith(".") and re.search(r"-s\d+$", entry.name) and not entry.is_dir():
+            read_results(entry / "results.json", record=True)  # named as --status names it: unreadable (Not a directory)

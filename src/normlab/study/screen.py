@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.errors import UserError
+from normlab.json_file import json_object
 from normlab.study.damaged import read_metrics, warn
 
 
@@ -148,7 +149,7 @@ def validated(metrics: Path, rung: int, status: str | None) -> bool:
     the rung's own (a run paused at or past the rung), or a last one before it (a run completed at its
     plateau). A file cut off or emptied holds neither: its record is not read (screen_run.ranks)."""
     rows = read_metrics(metrics_csv(metrics)) or []  # damaged: named once, no rows
-    logged = [row for row in rows if any(k.startswith("valid/") and math.isfinite(v) for k, v in row.items())]
+    logged = [row for row in rows if any(k.startswith("valid/") for k in row)]  # nan too: logged, ranked as none
     if any(row.get("step") == rung - 1 for row in logged):
         return True
     return status == "completed" and any(row.get("step", rung) < rung for row in logged)
@@ -188,29 +189,27 @@ def choice_problem(path: Path) -> str | None:
     """What keeps <out>/screen/<arm>.json from being read as a screen's record (write_choice's keys and
     types, which the status, the outcome claims and the README compute with); None when it is absent
     or fine."""
-    if not Path(path).exists():
-        return None
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        return f"unreadable ({e.strerror or e.__class__.__name__})" if isinstance(e, OSError) else "not UTF-8"
-    except ValueError as e:
-        return f"not JSON ({e})"
-    if not isinstance(data, dict):
-        return "not a JSON object"
+    return _checked_choice(path)[1]
+
+
+def _checked_choice(path: Path) -> tuple[dict | None, str | None]:
+    """(the screen's record, None), (None, what is wrong with it), or (None, None) when it is absent."""
+    data, problem = json_object(path)  # the words results.json's damage is named in (empty, not UTF-8, ...)
+    if data is None:
+        return None, problem
     rows = data.get("settings")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
-        return "settings is not a list of named settings"
+        return None, "settings is not a list of named settings"
     for r in rows:
         problem = _row_problem(r)
         if problem:
-            return f"setting {r['name']}: {problem}"
+            return None, f"setting {r['name']}: {problem}"
     chosen = data.get("chosen")
     if chosen is not None and chosen not in [r["name"] for r in rows]:
-        return f"chosen {chosen!r} is none of its settings"
+        return None, f"chosen {chosen!r} is none of its settings"
     if not isinstance(data.get("rungs"), list) or not all(_count(v) for v in data["rungs"]) or not data["rungs"]:
-        return "rungs is not a list of steps"
-    return None
+        return None, "rungs is not a list of steps"
+    return data, None
 
 
 def _count(v) -> bool:
@@ -243,13 +242,11 @@ def _row_problem(r: dict) -> str | None:
 def read_screen(path: Path, grid: list[str] | None = None) -> dict | None:
     """A screen's record (decided, or every setting failed), None when it is absent, damaged (named once)
     or, given today's `grid` (its settings' names in order), made on another grid (not taken)."""
-    problem = choice_problem(path)
+    data, problem = _checked_choice(path)
     if problem:
         warn(path, problem, NOT_DECIDED)
+    if data is None:
         return None
-    if not Path(path).is_file():
-        return None
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
     return data if grid is None or [r["name"] for r in data["settings"]] == list(grid) else None
 
 

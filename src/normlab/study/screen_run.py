@@ -59,7 +59,7 @@ def rung_record(job: Job, rung: int) -> dict | None:
     return res if ranks(job.record, res, rung) else None
 
 
-def ranks(record: Path, res: dict, rung: int) -> bool:
+def ranks(record: Path, res: dict, rung: int, name: bool = True) -> bool:
     """A rung record can rank its setting at `rung`: it ended diverged or stalled (ranked out without a
     value), or its metrics.csv holds the validation it is ranked by (screen.validated). One without it
     (only results.json committed, or a metrics.csv cut off or emptied: named once) is no record: the
@@ -71,8 +71,9 @@ def ranks(record: Path, res: dict, rung: int) -> bool:
         return False
     if validated(metrics, rung, res.get("status")):
         return True
-    warn(metrics, f"no validation logged at step {rung} (cut off or damaged)",
-         "its rung record is not read: the setting trains again")
+    if name:  # a rung record (a run folder's is ranked as it is: _rung)
+        warn(metrics, f"no validation logged at step {rung} (cut off or damaged)",
+             "its rung record is not read: the setting trains again")
     return False
 
 
@@ -188,7 +189,7 @@ class RungSweep(Sweep):
             adopt_rung(self.study, job, *found)
             self.say(f"shared {job.tag} ({Path(job.record).name}): the run {found[1].parents[2].name}/screen/"
                      f"{found[1].parent.name}/{found[1].name} recorded at step {found[0].get('steps')} (same identity)")
-        elif folder is not None and not _recorded(job, res) and ranks(job.run_dir, folder, job.stop_at):
+        elif folder is not None and not _recorded(job, res) and ranks(job.run_dir, folder, job.stop_at, name=False):
             write_record(self.study, job, res, self.parallel, rung=job.stop_at)
 
 
