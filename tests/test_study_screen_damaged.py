@@ -128,3 +128,25 @@ def test_a_file_where_the_screens_folder_should_be_is_refused_in_one_line(tiny, 
         run_screens(study, runs, out)
     assert str(e.value) == f"{path}: a file where the screen's folder should be (move it away)"
     assert path.read_text() == "x" and not runs.exists() and trainer() == []
+
+
+def test_a_nan_validation_at_the_rung_and_a_plateau_before_it_are_records_not_damage(tiny, trainer, capsys):
+    """A validation logged as nan is logged (ranked as no value, as rung_value does), not a cut-off file;
+    a run completed at its plateau before a rung is ranked from its last validation."""
+    from normlab.study.screen_run import rung_record
+
+    study, runs, out, _ = tiny
+    jobs = first_rung(study, runs, out)
+    trainer()
+    shutil.rmtree(runs)
+    metrics = jobs[H2].record / "metrics.csv"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines[:-1] + [",".join(lines[-1].split(",")[:-1] + ["nan"])]) + "\n")
+    capsys.readouterr()
+    assert rung_record(jobs[H2], 3) is not None and capsys.readouterr().err == ""
+    first_rung(study, runs, out)
+    assert trainer() == []  # nothing trained again
+    res = json.loads((jobs[W2].record / "results.json").read_text())
+    (jobs[W2].record / "results.json").write_text(json.dumps({**res, "status": "completed"}))  # its plateau at 3
+    assert rung_record(jobs[W2], 6) is not None  # ranked at rung 6 from its validation at step 3
+    assert capsys.readouterr().err == ""
