@@ -16,9 +16,10 @@ from test_study_screen_status import H2, H4, W2, W4, tiny  # noqa: F401 (tiny: t
 
 
 def set_cpu(job, cpu_s):
-    """The rung record's cpu_s (None: a record without it, a run from before runs counted it)."""
+    """The rung record's cpu_s (None: a record without it, a run from before runs counted it), as a
+    record from before `cpu_spent` (cpu_ledger: such a record stands for its cpu_s)."""
     path = job.record / "results.json"
-    res = {k: v for k, v in json.loads(path.read_text()).items() if k != "cpu_s"}
+    res = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("cpu_s", "cpu_spent")}
     path.write_text(json.dumps(res if cpu_s is None else {**res, "cpu_s": cpu_s}))
 
 

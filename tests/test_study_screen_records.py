@@ -16,7 +16,8 @@ from normlab.study.screen_status import screened_status_lines, setting_state
 from test_study_screen_status import H2, H4, W2, W4, flat, tiny  # noqa: F401 (tiny: the fixture)
 
 # train.py as the screen sees it: continues its run folder to the pause (stop_at_step), logging a
-# validation every 3 steps whose loss falls faster with a higher lr and a shorter warmup
+# validation every 3 steps whose loss falls faster with a higher lr and a shorter warmup; its CPU time
+# (10 s a step) and code legs over all its legs, as full_checkpoint.py counts them
 TRAIN = r'''
 import json, os, sys
 from pathlib import Path
@@ -35,8 +36,10 @@ rows += "".join(f"0,{s - 1},,{round(8.0 - s * lr * 1000 / warmup, 6)}\n" for s i
 with open(csv, "a") as f:
     f.write(rows)
 (run / "checkpoints" / f"full-step{stop}.ckpt").write_bytes(b"weights")
+legs = res.get("code_legs", []) + [{"from_step": start, "commit": "c1", "dirty": False}]  # provenance.code_legs
 (run / "results.json").write_text(json.dumps({"status": "stopped", "steps": stop, "cpu_s": 10.0 * stop,
-                                              "wall_s": 5.0 * stop, "identity_hash": args["hash"]}))
+                                              "wall_s": 5.0 * stop, "identity_hash": args["hash"],
+                                              "code_legs": legs}))
 '''
 
 

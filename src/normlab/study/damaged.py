@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 from normlab.json_file import json_kind as _kind, json_object  # noqa: F401 (records and runner read it here)
+from normlab.study.record_swap import live
 
 NOT_RECORDED = ("treated as not recorded and left as it is (move it away, or restore it, for the study to "
                 "run it again)")
@@ -81,7 +82,10 @@ def results_problem(res: dict, record: bool, seed: bool = True) -> str | None:
 
 def read_results(path: Path, record: bool, seed: bool = True) -> dict | None:
     """A results.json as a dict; None when there is none, or when it is damaged (then named once).
-    record: a study's record (its seed checked too, unless not `seed`), else a run folder's."""
+    record: a study's record (its seed checked too, unless not `seed`), else a run folder's; a record
+    whose write stopped between its renames is read from its `.old` folder (record_swap)."""
+    if record:
+        path = live(Path(path).parent) / Path(path).name
     res, problem = json_object(path)
     if res is not None:
         problem = results_problem(res, record, seed)

@@ -19,36 +19,57 @@ INDEX_TEXT = ("\"ours\": the interval that decides each comparison: t over the p
 def cost_table(folder: Path) -> list[str]:
     """What each study cost this machine (its README's Cost line) and the total of the training
     studies, where a run that several studies recorded (the same identity: a shared run folder, or an
-    adopted record) counts once."""
-    rows, total = [], {}
+    adopted record) counts once, and each study's screens add their CPU-hours beyond its seed records
+    (claims.json `cost.screens`, screen_report.screens_total: each CPU second already in the study
+    whose machine spent it, so summing them counts a shared screen run once)."""
+    rows, total, screens = [], {}, 0.0
     for path in sorted(folder.glob("*/claims.json")):
         data = json.loads(path.read_text())
         c = data.get("cost")
         if data.get("budget") != "full" or not c:
             continue
-        own = c["runs"] - c.get("shared", 0)
-        shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
-        unit = "probes" if data.get("kind") == "probe" else "runs"
-        steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
-        cpu = c.get("cpu_hours")  # a claims.json written before CPU-hours: its machine-hours x 2 cores
-        hours = cpu if cpu is not None else 2 * c["machine_hours"]
-        rows.append(f"| [{data['study']}]({path.parent.name}/) | {own}{shared} of {c['planned']} {unit} | "
-                    f"{steps or '—'} | {hours:.2f}{'' if cpu is not None else ' (est.)'} |")
+        rows.append(_cost_row(data, c, path.parent.name))
         if data.get("kind") != "probe":
             by_run = c.get("cpu_by_run") or {k: 2 * h for k, h in (c.get("hours_by_run") or {}).items()}
             for run, h in by_run.items():
                 total.setdefault(run, h)
+            screens += _screen_hours(c) or 0.0
     if not rows:
         return []
-    total_runs, total_hours = len(total), sum(total.values())
+    total_runs, total_hours = len(total), sum(total.values()) + screens
     return ["## What the studies cost", "",
             "CPU-hours: the CPU time each run used over all its legs (results.json `cpu_s`); for a run "
             "recorded before runs counted it, its wall time x its share of the machine (1 / the runs beside "
             "it, at most its threads of the cores) x the cores, an upper bound (each study's Cost line says "
-            "how many). A 2-core machine gives 2 CPU-hours an hour.", "",
-            "| study | runs recorded (of planned) | steps | CPU-hours |", "|---|---|---|---:|", *rows,
+            "how many). A 2-core machine gives 2 CPU-hours an hour. Screens: the CPU-hours of a study's "
+            "screens beyond its seed records (the settings' runs to where each left, work redone after a "
+            "fresh clone included; a run another study trained counted there; — where it has no screen); the "
+            "total's CPU-hours include them.", "",
+            "| study | runs recorded (of planned) | steps | CPU-hours | screens' CPU-hours |",
+            "|---|---|---|---:|---:|", *rows,
             f"| **training studies, total** (a run several studies recorded counts once) | {total_runs} runs | | "
-            f"**{total_hours:.2f}** |"]
+            f"**{total_hours:.2f}** | {screens:.2f} |"]
+
+
+def _cost_row(data: dict, c: dict, folder: str) -> str:
+    """A study's row of the cost table."""
+    own = c["runs"] - c.get("shared", 0)
+    shared = f" (+{c['shared']} shared with {', '.join(c.get('shared_with', []))})" if c.get("shared") else ""
+    unit = "probes" if data.get("kind") == "probe" else "runs"
+    steps = ", ".join(map(str, c.get("steps") or [])) if unit == "runs" else ""  # a probe trains no steps
+    cpu = c.get("cpu_hours")  # a claims.json written before CPU-hours: its machine-hours x 2 cores
+    hours = cpu if cpu is not None else 2 * c["machine_hours"]
+    screen = _screen_hours(c)
+    return (f"| [{data['study']}]({folder}/) | {own}{shared} of {c['planned']} {unit} | {steps or '—'} | "
+            f"{hours:.2f}{'' if cpu is not None else ' (est.)'} | {'—' if screen is None else f'{screen:.2f}'} |")
+
+
+def _screen_hours(c: dict) -> float | None:
+    """A study's screens' CPU-hours from its claims.json cost; None: no screen (or a claims.json from
+    before the index counted screens: its README's Cost line has them)."""
+    s = c.get("screens")
+    h = s.get("hours") if isinstance(s, dict) else None
+    return float(h) if isinstance(h, (int, float)) and not isinstance(h, bool) else None
 
 
 def group_table(folder: Path) -> list[str]:

@@ -18,7 +18,7 @@ from normlab.study.claims import Verdict, statuses
 from normlab.study.fixed import change_lines, moved_lines, update_lock
 from normlab.study.pace import pace_lines
 from normlab.study.records import Record
-from normlab.study.screen_report import screen_lines, screens_cost
+from normlab.study.screen_report import screen_lines, screens_cost, screens_total
 from normlab.study.spec import Study
 from normlab.study.verdict_text import claims_lines, fmt
 from normlab.study.wandb_groups import group_text, groups
@@ -220,8 +220,15 @@ def _write_claims(study: Study, by_arm: dict[str, list[Record]], verdicts: list[
             entry["changed_after_data"] = changes[entry["id"]]
     (out / "claims.json").write_text(json.dumps({"study": study.name, "budget": study.budget, "kind": study.kind,
                                                  "formerly": list(study.formerly),
-                                                 "cost": {**c, "planned": planned}, "claims": claims}, indent=2) + "\n")
+                                                 "cost": {**c, "planned": planned, **_screens(study, out)},
+                                                 "claims": claims}, indent=2) + "\n")
     return claims, changes
+
+
+def _screens(study: Study, out: Path) -> dict:
+    """claims.json's `cost.screens` (screen_report.screens_total: the screens' CPU-hours beyond the
+    seed records, each CPU second in the study whose machine spent it), for the index's total."""
+    return {"screens": screens_total(study, out)} if study.screen is not None else {}
 
 
 def _write_table(study: Study, by_arm: dict[str, list[Record]], out: Path) -> None:

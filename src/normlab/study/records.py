@@ -200,12 +200,18 @@ def holding_study(record: Path, results: dict) -> str | None:
     return record.parent.parent.name if in_place else held.get("name")
 
 
+def _left_old(folder: Path) -> bool:
+    """A record's `.old` folder that a write left alone (stopped between its renames): the record."""
+    name = folder.name
+    return name.endswith(".old") and not folder.with_name(name[1:-len(".old")]).exists()
+
+
 def load_records(out: Path) -> dict[str, list[Record]]:
     """{arm: [records sorted by seed]}; a damaged record is named and left out (study/damaged.py)."""
     by_arm: dict[str, list[Record]] = {}
     for res_path in sorted((out / "runs").glob("*/results.json")):
-        if res_path.parent.name.startswith("."):  # a record being written (runner's temp folder)
-            continue
+        if res_path.parent.name.startswith(".") and not _left_old(res_path.parent):
+            continue  # a record being written (record_swap's temp folder), or the one it replaces
         res = read_results(res_path, record=True)
         if res is None:
             continue

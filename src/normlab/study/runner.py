@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 
 from normlab.outcome import FINISHED
+from normlab.study.cpu_ledger import with_ledger
 from normlab.study.damaged import is_damaged, json_object, read_results
 from normlab.study.plan import Job
+from normlab.study.record_swap import write_record_folder
 from normlab.study.spec import Study, own_groups
 
 
@@ -74,16 +76,11 @@ def adopt_shared(jobs: list[Job], records: Path, say=print) -> list[Job]:
         if res is None:  # damaged since shared_index read it
             continue
         origin = res.get("study") or {}
-        tmp = job.record.with_name(f".{job.record.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
         # the folders name the studies (a record keeps the name its study had when it ran)
         res.update(study={**origin, "name": job.record.parents[1].name, "arm": job.arm.name, "seed": job.seed,
                           "overrides": job.overrides},
                    shared_from={"study": src.parents[1].name, "record": src.name})
-        (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-        shutil.rmtree(job.record, ignore_errors=True)
-        os.replace(tmp, job.record)
+        write_record_folder(job.record, lambda tmp: copy_record(src, tmp, res))
         say(f"shared {job.tag}: the run {src.parents[1].name}/{src.name} recorded (same identity)")
         adopted.append(job)
     return adopted
@@ -98,7 +95,7 @@ def shared_index(records: Path) -> dict[str, Path]:
     index: dict[str, Path] = {}
     groups: dict[str, set[str]] = {}
     for res_path in sorted(records.glob("*/runs/*/results.json")) if records.is_dir() else []:
-        if res_path.parent.name.startswith("."):  # a record being written (write_record's temp folder)
+        if res_path.parent.name.startswith("."):  # a record being written, or replaced (record_swap: not read here)
             continue
         res = read_results(res_path, record=True, seed=False)  # looked up by identity, not by seed
         if res is None:
@@ -152,35 +149,43 @@ def run_results(job: Job) -> dict | None:
     return read_results(job.run_dir / "results.json", record=False)
 
 
+def copy_record(src: Path, tmp: Path, res: dict) -> None:
+    """Another study's record `src` copied into the temp folder, its results.json replaced by `res`."""
+    shutil.copytree(src, tmp, dirs_exist_ok=True)
+    (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+
+
 def write_record(study: Study, job: Job, res: dict, jobs: int = 1, rung: int | None = None) -> None:
-    """Copy what the report needs from the run folder into the record (atomically: a temp folder,
-    then one rename). `jobs`: the runs that shared the machine with it (its wall time counts 1/jobs
-    of the machine's). `rung`: a screen's run paused at (or ended before) that rung
-    (screen_run.RungSweep): its results, named by the run's identity hash and the rung, and its
-    metrics.csv only (no checkpoint, no translations), what the screen ranks by."""
-    tmp = job.record.with_name(f".{job.record.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    """Copy what the report needs from the run folder into the record (whole: record_swap). `jobs`:
+    the runs that shared the machine with it (its wall time counts 1/jobs of the machine's). `rung`: a
+    screen's run paused at (or ended before) that rung (screen_run.RungSweep): its results, named by the
+    run's identity hash and the rung, with the CPU time spent on the setting so far (cpu_ledger: the
+    record it replaces may hold work this run does not), and its metrics.csv only (no checkpoint, no
+    translations), what the screen ranks by."""
     res = dict(res, study={"name": study.name, "arm": job.arm.name, "seed": job.seed, "budget": study.budget,
                            "overrides": job.overrides, "run_dir": str(job.run_dir), "jobs": jobs})
     if rung is not None:  # the run folder names its identity; the job's is the same (the folder is named by it)
         res.update(identity_hash=res.get("identity_hash") or job.identity_hash, rung=rung)
+        res = with_ledger(res, read_results(job.record / "results.json", record=True), study.name)
+    write_record_folder(job.record, lambda tmp: _fill_record(job, res, tmp, rung is None))
+
+
+def _fill_record(job: Job, res: dict, tmp: Path, whole: bool) -> None:
+    """The record's files from the run folder; `whole`: with its translations and prune (a seed's)."""
     (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     hyp = job.run_dir / "test.hyp"
-    if hyp.is_file() and rung is None:
+    if hyp.is_file() and whole:
         with open(hyp, "rb") as src, gzip.GzipFile(tmp / "test.hyp.gz", "wb", mtime=0) as dst:
             shutil.copyfileobj(src, dst)
     if (job.run_dir / "csv" / "metrics.csv").is_file():
         shutil.copy(job.run_dir / "csv" / "metrics.csv", tmp / "metrics.csv")
-    if (job.run_dir / "prune" / "prune.json").is_file() and rung is None:
+    if (job.run_dir / "prune" / "prune.json").is_file() and whole:
         shutil.copy(job.run_dir / "prune" / "prune.json", tmp / "prune.json")
         for hyp in sorted((job.run_dir / "prune" / "hyps").glob("*-r*.test.hyp")):  # every_other-r3.test.hyp
             strategy, kept = hyp.name[:-len(".test.hyp")].rsplit("-r", 1)
             with open(hyp, "rb") as src, gzip.GzipFile(tmp / f"prune.{strategy}.r{kept}.test.hyp.gz", "wb",
                                                        mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
-    shutil.rmtree(job.record, ignore_errors=True)
-    os.replace(tmp, job.record)
 
 
 def prune_command(job: Job, extra: dict | None = None) -> list[str] | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from normlab.errors import UserError
 from normlab.json_file import json_object
 from normlab.study.damaged import read_metrics, warn
+from normlab.study.record_swap import live
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,9 @@ def check_rungs(screen: Screen, max_steps: int, val_interval) -> None:
 
 def metrics_csv(path: Path) -> Path:
     """A run's metrics.csv: `path` itself, or in a folder: a run folder's csv/metrics.csv, else a
-    record's metrics.csv (a screen's rung record, runner.write_record)."""
-    path = Path(path)
+    record's metrics.csv (a screen's rung record, runner.write_record; its `.old` folder where its
+    write stopped between its renames: record_swap)."""
+    path = live(Path(path))
     if not path.is_dir():
         return path
     return path / "csv" / "metrics.csv" if (path / "csv").is_dir() else path / "metrics.csv"

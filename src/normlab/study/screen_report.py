@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from normlab.study.cpu_ledger import legs_continue, own_names, spent
 from normlab.study.damaged import read_results
-from normlab.study.screen import read_choice, setting_name
+from normlab.study.screen import read_choice, setting_name, setting_overrides
 from normlab.study.spec import Study
 
 
@@ -34,29 +35,69 @@ def steps_trained(data: dict) -> int:
 
 def screen_cpu(study: Study, out: Path, arm: str) -> dict:
     """The CPU time of an arm's screen (issue 36), from its rung records (<out>/screen/<arm>/<setting>/,
-    screen_run.py: each setting's run at the last rung it reached): `cpu_s`, over all the run's legs
-    (a run continued from its checkpoint carries the earlier legs' count: callbacks/full_checkpoint.py).
-    {"hours": {setting: CPU-hours} of the runs this study trained, "shared": {setting: the study that
-    trained it} (a record copied from another study's, marked `shared_from`: counted there), "missing":
+    screen_run.py: each setting's run at the last rung it reached) of today's runs (the identity
+    hash each setting's job has now): what this study's machines spent on each setting (cpu_ledger:
+    the run's `cpu_s` over all its legs, plus earlier runs of it trained again from step 0, less the
+    steps another study trained and counts). {"hours": {setting: CPU-hours}, "redone": {setting: the
+    part spent on runs trained again since}, "shared": {setting: the study that trained it} (a record
+    copied from another study's, marked `shared_from`: counted there), "continued_from": {setting: the
+    study whose run this one continued} (those steps counted there), "other": the settings whose record
+    holds another identity's run (a changed grid or arm: not this screen's, not counted), "missing":
     the settings with no rung record or none with `cpu_s` (not recorded: not guessed), "chosen": the
     chosen setting, "in_seed": whether the arm's seed record holds the chosen setting's run (the same
     identity, and its legs continue the rung record's (`continued`): the run continued as that seed,
-    whose `cpu_s` counts the screen's steps; counted once)}."""
-    chosen = (read_choice(out / "screen" / f"{arm}.json") or {}).get("chosen")
-    hours, shared, missing, ident, legs = {}, {}, [], {}, {}
-    for name in (setting_name(x) for x in study.screen.settings()):
+    whose `cpu_s` counts the run's steps; counted once)}."""
+    grid = [setting_name(x) for x in study.screen.settings()]  # a choice on another grid is not this screen's
+    chosen = (read_choice(out / "screen" / f"{arm}.json", grid) or {}).get("chosen")
+    today, mine = identities(study, arm, out), own_names(study.name, out, study.formerly)
+    c = {"hours": {}, "redone": {}, "shared": {}, "continued_from": {}, "other": [], "missing": [], "chosen": chosen}
+    held = {}
+    for name, ident in today.items():
         res = read_results(out / "screen" / arm / name / "results.json", record=True, seed=False) or {}
-        cpu, ident[name], legs[name] = res.get("cpu_s"), res.get("identity_hash"), res
-        if isinstance(res.get("shared_from"), dict):
-            shared[name] = str(res["shared_from"].get("study", "?"))  # a damaged field: shown, not a traceback
-        elif isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu):
-            hours[name] = float(cpu) / 3600
-        else:
-            missing.append(name)
+        if res and res.get("identity_hash") != ident:
+            c["other"].append(name)
+            continue
+        held[name] = res
+        _count(c, name, res, study.name, mine)
     seed = read_results(out / "runs" / f"{arm}-s{study.screen.seed}" / "results.json", record=True) or {}
-    in_seed = (chosen is not None and ident.get(chosen) is not None and seed.get("identity_hash") == ident[chosen]
-               and continued(legs.get(chosen), seed))
-    return {"hours": hours, "shared": shared, "missing": missing, "chosen": chosen, "in_seed": in_seed}
+    c["in_seed"] = (chosen in held and seed.get("identity_hash") == today[chosen]
+                    and continued(held[chosen], seed))
+    return c
+
+
+def _count(c: dict, name: str, res: dict, own: str, mine: set[str]) -> None:
+    """One setting's rung record into screen_cpu's answer."""
+    if isinstance(res.get("shared_from"), dict):
+        c["shared"][name] = str(res["shared_from"].get("study", "?"))  # a damaged field: shown, not a traceback
+    entries = spent(res, own) if res else None
+    if entries is None:
+        if name not in c["shared"]:
+            c["missing"].append(name)
+        return
+    others = sorted({str(e.get("study")) for e in entries if e.get("study") not in mine and not e.get("redone")})
+    if others and name not in c["shared"]:
+        c["continued_from"][name] = ", ".join(others)
+    ours = [e for e in entries if e.get("study") in mine]
+    if ours or name not in c["shared"]:
+        c["hours"][name] = sum(e["cpu_s"] for e in ours) / 3600
+        c["redone"][name] = sum(e["cpu_s"] for e in ours if e.get("redone")) / 3600
+
+
+_IDENTITIES: dict[tuple, str] = {}  # composed once a command: the README reads each arm's screen twice
+
+
+def identities(study: Study, arm: str, out: Path) -> dict[str, str]:
+    """{setting: the identity hash of its run today} (screen_run.screen_jobs, composed as the screen
+    composes it), which a rung record must hold to count."""
+    from normlab.study.screen_run import screen_jobs  # the runner's modules only where a screen is read
+
+    names = [setting_name(x) for x in study.screen.settings()]
+    key = (study.name, study.budget, arm, tuple(study.arm_overrides(study.arms[arm], study.screen.seed)),
+           tuple(tuple(setting_overrides(x)) for x in study.screen.settings()))
+    if key not in _IDENTITIES:
+        jobs = screen_jobs(study, study.arms[arm], out / ".no-runs", out, names, study.screen.rungs[0])
+        _IDENTITIES[key] = {n: j.identity_hash for n, j in jobs.items()}
+    return dict(_IDENTITIES[key])
 
 
 def continued(rung: dict | None, seed: dict) -> bool:
@@ -65,47 +106,71 @@ def continued(rung: dict | None, seed: dict) -> bool:
     seed's, and the seed's next leg starts where the record stopped. A seed trained again from step 0
     (a fresh clone: the screen's checkpoint not committed) has no leg from there, so the screen's run
     is counted in the screen. Records from before code_legs: the same identity is taken as continued."""
-    mine, theirs = (rung or {}).get("code_legs"), seed.get("code_legs")
-    if not isinstance(mine, list) or not isinstance(theirs, list):
-        return True
-    n = len(mine)
-    return (theirs[:n] == mine and len(theirs) > n and isinstance(theirs[n], dict)
-            and theirs[n].get("from_step") == (rung or {}).get("steps"))
+    went_on = legs_continue(rung or {}, seed)
+    return True if went_on is None else went_on
+
+
+def counted(c: dict) -> float:
+    """The CPU-hours of an arm's screen beyond its seed record: all its settings' but the chosen run's
+    own where the seed counts it (its runs trained again from step 0 are in no seed: counted here)."""
+    seeded = c["hours"].get(c["chosen"], 0.0) - c["redone"].get(c["chosen"], 0.0) if c["in_seed"] else 0.0
+    return sum(c["hours"].values()) - seeded
 
 
 def _cpu_text(c: dict, seed: int) -> str:
     """The arm's screen in CPU time, for its line in the Screens section (screen_cpu)."""
     parts = []
     if c["hours"]:
-        beyond = sum(h for n, h in c["hours"].items() if n != c["chosen"])
+        beyond = sum(h for n, h in c["hours"].items() if n != c["chosen"]) + c["redone"].get(c["chosen"], 0.0)
+        redone = sum(c["redone"].values())
         parts.append(f"its settings' runs used {sum(c['hours'].values()):.2f} CPU-hours to where each left "
                      f"({len(c['hours'])} runs; {beyond:.2f} beyond the chosen run"
-                     + (f", whose seed {seed} record counts it whole" if c["in_seed"] else "") + ")")
+                     + (f", whose seed {seed} record counts it whole" if c["in_seed"] else "")
+                     + (f"; {redone:.2f} on runs trained again from step 0 since (work redone, spent all the same)"
+                        if redone else "") + ")")
     if c["missing"]:
         parts.append(f"CPU time not recorded for {', '.join(c['missing'])} (no rung record with `cpu_s`)")
     if c["shared"]:
         parts.append(f"{len(c['shared'])} settings' runs shared with {', '.join(sorted(set(c['shared'].values())))} "
                      "(the same runs, trained once; their CPU-hours are counted there)")
+    if c["continued_from"]:
+        parts.append(f"{len(c['continued_from'])} settings' runs continued from "
+                     f"{', '.join(sorted(set(c['continued_from'].values())))}'s (the steps before counted there)")
+    if c["other"]:
+        parts.append(f"the rung records of {', '.join(c['other'])} hold another identity's run (a changed grid or "
+                     "arm): not this screen's, their CPU time not counted")
     return "".join(f"; {p}" for p in parts)
+
+
+def screens_total(study: Study, out: Path) -> dict:
+    """Every screened arm's screen_cpu summed (the Cost line, claims.json's `cost.screens`): "hours"
+    beyond the seed records (`counted`), the settings' runs with a record of today's identity ("runs"),
+    of them "missing" (no `cpu_s`) and "shared" (counted in another study), and "other" (records of
+    another identity, not counted)."""
+    arms = [screen_cpu(study, out, a.name) for a in study.arms.values() if study.screened(a)]
+    runs = sum(len(set(c["hours"]) | set(c["missing"]) | set(c["shared"])) for c in arms)
+    return {"hours": sum(counted(c) for c in arms), "runs": runs, "missing": sum(len(c["missing"]) for c in arms),
+            "shared": sum(len(c["shared"]) for c in arms), "other": sum(len(c["other"]) for c in arms),
+            "redone": sum(h for c in arms for h in c["redone"].values())}
 
 
 def screens_cost(study: Study, out: Path) -> str:
     """The Cost line's clause for the screens: the CPU-hours of every screened arm's settings' runs
     beyond what the seed records count (a chosen run continued as a seed is counted there, once),
-    from the rung records; "not recorded" for those without `cpu_s` (or no rung record: a screen from
-    before rung records, or not run yet). Empty for a study with no screen."""
+    from the rung records, work redone included; "not recorded" for those without `cpu_s` (or no rung
+    record: a screen from before rung records, or not run yet). Empty for a study with no screen."""
     if study.screen is None:
         return ""
-    arms = [screen_cpu(study, out, a.name) for a in study.arms.values() if study.screened(a)]
-    hours = sum(h for c in arms for n, h in c["hours"].items() if not (c["in_seed"] and n == c["chosen"]))
-    missing, shared = sum(len(c["missing"]) for c in arms), sum(len(c["shared"]) for c in arms)
-    runs = sum(len(c["hours"]) for c in arms) + missing + shared
-    if missing == runs:
-        return "; the screens: CPU time not recorded (no rung record with `cpu_s`)"
-    return (f"; the screens: {hours:.2f} CPU-hours more (the settings' runs to where each left, from their rung "
+    t = screens_total(study, out)
+    other = (f"; {t['other']} rung record{'s' if t['other'] > 1 else ''} of another identity (a changed grid or "
+             "arm) not counted" if t["other"] else "")
+    if t["missing"] == t["runs"]:
+        return "; the screens: CPU time not recorded (no rung record with `cpu_s`)" + other
+    return (f"; the screens: {t['hours']:.2f} CPU-hours more (the settings' runs to where each left, from their rung "
             "records; a chosen run continued as a seed counted once, in its seed's record"
-            + (f"; not recorded for {missing} of {runs} settings' runs" if missing else "")
-            + (f"; {shared} shared with another study, counted there" if shared else "") + ")")
+            + (f"; {t['redone']:.2f} of them on runs trained again from step 0 (work redone)" if t["redone"] else "")
+            + (f"; not recorded for {t['missing']} of {t['runs']} settings' runs" if t["missing"] else "")
+            + (f"; {t['shared']} shared with another study, counted there" if t["shared"] else "") + other + ")")
 
 
 def screen_lines(study: Study, out: Path, budget_steps: int | None) -> list[str]:

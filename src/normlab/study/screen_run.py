@@ -25,20 +25,21 @@ study's rung record of its identity hash that did (rung_index: <records>/<study>
 indexed once a command, as runner.shared_index indexes the seeds' records), is ranked from it and
 trains nothing; RungSweep copies it into the study's own folder marked `shared_from` (as
 runner.adopt_shared copies a seed's record), so the study's screen stands on its own records and its
-README counts that run's CPU time in the study that trained it (screen_report.py).
+README counts that run's CPU time in the study that trained it (screen_report.py). Each rung record
+written from a run folder carries `cpu_spent` (cpu_ledger.py): which study's machine spent how much on
+the setting, runs trained again from step 0 included, so each CPU second is counted once, where spent.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 
 from normlab.errors import UserError
 from normlab.outcome import FINISHED
+from normlab.study.cpu_ledger import adopted, own_names
 from normlab.study.damaged import read_results, warn
 from normlab.study.plan import Job, compose, make_job
-from normlab.study.runner import Sweep, run_results, write_record
+from normlab.study.record_swap import write_record_folder
+from normlab.study.runner import Sweep, copy_record, run_results, write_record
 from normlab.study.screen import (NOT_DECIDED, check_rungs, choice_problem, metrics_csv, ranked_value, read_choice,
                                    setting_name, setting_overrides, survivors, validated, write_choice)
 from normlab.study.spec import Arm, Study
@@ -136,17 +137,15 @@ def rung_results(job: Job, rung: int, shared: dict[str, Path] | None = None) -> 
 
 def adopt_rung(study: Study, job: Job, res: dict, src: Path) -> None:
     """Copy another study's rung record of the job's run (shared_rung) into the setting's own folder
-    (atomically, as runner.adopt_shared), marked `shared_from` (that study and its record) and named
-    as this study's."""
-    tmp = job.record.with_name(f".{job.record.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    (whole, as runner.adopt_shared: record_swap), marked `shared_from` (that study and its record) and named
+    as this study's; this study's CPU time on the run that the copy does not hold is kept in it
+    (cpu_ledger.adopted)."""
     res = dict(res, study={**(res.get("study") or {}), "name": study.name, "arm": job.arm.name, "seed": job.seed,
                            "overrides": job.overrides},
                shared_from={"study": src.parents[2].name, "record": f"screen/{src.parent.name}/{src.name}"})
-    (tmp / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    shutil.rmtree(job.record, ignore_errors=True)
-    os.replace(tmp, job.record)
+    mine = own_names(study.name, job.record.parents[2], study.formerly)
+    res = adopted(res, read_results(job.record / "results.json", record=True), study.name, mine)
+    write_record_folder(job.record, lambda tmp: copy_record(src, tmp, res))
 
 
 class RungSweep(Sweep):
