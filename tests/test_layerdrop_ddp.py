@@ -4,6 +4,7 @@ schemes whose structure differs most (ResiDual's second stream, ReZero's zero-in
 DLCL's and DWA's weight matrices whose upper triangles are never used)."""
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ CASES = {"uniform": (0.5, "uniform", {}), "learned": (0.5, "learned", {}), "all_
          "dlcl_sandwich": (0.0, "uniform", {"norm": {"placement": "sandwich"}, "layer_aggregation": "dlcl"}),
          "dwa_post": (0.0, "uniform", {"norm": {"placement": "post"}, "layer_aggregation": "dwa"})}
 RATES = tuple(CASES)
+JOIN_TIMEOUT_S = 300  # the ranks take ~15 s of CPU
 
 
 def make_model(case: str) -> Seq2SeqTransformer:
@@ -81,6 +83,11 @@ def _worker(rank, world, port, out_dir):
             torch.manual_seed(100 + rank)  # different global RNG per rank: LayerDrop must not depend on it
             ddp = DDP(make_model(rates))  # default find_unused_parameters=False
             torch.save(train(ddp, global_batches(), rank, world), os.path.join(out_dir, f"{rates}{rank}.pt"))
+            # Freed here, while both ranks are in the group: a DDP's Reducer holds the process group, and
+            # freeing it after destroy_process_group (at the frame's end) once hung a rank for good in
+            # ~ProcessGroupGloo, its peer gone (make test, 2026-11-28: a stack taken with gdb)
+            del ddp
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -91,12 +98,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def join_or_fail(ranks, timeout_s: float) -> None:
+    """Wait for the ranks; one that hangs is killed and fails the test, not the whole suite."""
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=0.5):
+        if time.monotonic() > deadline:
+            for proc in ranks.processes:
+                proc.kill()
+                proc.join()
+            pytest.fail(f"the ranks did not finish in {timeout_s} s")
+
+
+def _hang(rank):
+    time.sleep(120)
+
+
+def test_a_rank_that_hangs_fails_the_test_in_bounded_time():
+    ranks = mp.start_processes(_hang, nprocs=1, join=False, start_method="fork")
+    started = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="did not finish in 1 s"):
+        join_or_fail(ranks, 1)
+    assert time.monotonic() - started < 30 and not ranks.processes[0].is_alive()
+
+
 @pytest.fixture(scope="module")
 def ddp_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     # One start for every case; forked, not spawned: a spawned rank imports torch and this module
     # again (~6 s of CPU of the test's 15). Each rank seeds itself and builds its own model.
-    mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True, start_method="fork")
+    ranks = mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=False, start_method="fork")
+    join_or_fail(ranks, JOIN_TIMEOUT_S)
     return {rates: [torch.load(out / f"{rates}{r}.pt") for r in range(2)] for rates in RATES}
 
 
