@@ -28,7 +28,7 @@ train: install
 	$(PY) train.py $(ARGS)
 
 # The suite on every core: one worker per core, a test file per worker at a time (its module
-# fixtures are built once); 12.6 min on a 2-core AMD EPYC where one process took 23 (issue 34).
+# fixtures are built once); 9.4 min from a fresh clone on the 2-core AMD EPYC with AVX-512 (README).
 TEST_JOBS ?= auto
 # Bytecode on for the tests, whatever the environment says: pytest keeps each test module's
 # assertion-rewritten bytecode in tests/__pycache__ (git ignores it), so a later run's collection
@@ -37,7 +37,8 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 test: install
 	$(PYTEST) -q -n $(TEST_JOBS) --dist loadfile $(ARGS)
 
-# The inner loop: the unit tests only (3.6 min on the 2-core AMD EPYC, issue 37). It leaves out the
+# The inner loop: the unit tests only (2.3 min from a fresh clone, 1.9 min the next time, on the
+# 2-core AMD EPYC with AVX-512; issue 37). It leaves out the
 # integration tests, which train or run a command through the entry point (tests/pyramid.py says
 # which; tests/test_pyramid.py keeps the marks honest), and the slow ones; make test runs the former.
 test-fast: install
