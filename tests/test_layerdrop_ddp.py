@@ -2,9 +2,11 @@
 same global batch, skip the same layers, and need no find_unused_parameters; also for the residual
 schemes whose structure differs most (ResiDual's second stream, ReZero's zero-initialised scale,
 DLCL's and DWA's weight matrices whose upper triangles are never used)."""
+import gc
 import os
 import socket
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -77,7 +79,8 @@ def train(model, batches, rank=0, world=1):
 
 def _worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    ddp = None
     try:
         for rates in RATES:
             torch.manual_seed(100 + rank)  # different global RNG per rank: LayerDrop must not depend on it
@@ -86,9 +89,12 @@ def _worker(rank, world, port, out_dir):
             # Freed here, while both ranks are in the group: a DDP's Reducer holds the process group, and
             # freeing it after destroy_process_group (at the frame's end) once hung a rank for good in
             # ~ProcessGroupGloo, its peer gone (make test, 2026-11-28: a stack taken with gdb)
-            del ddp
+            ddp = None
+            gc.collect()  # a reference cycle would otherwise keep the Reducer until a later collection
         dist.barrier()
     finally:
+        ddp = None  # also on an error in train(): the group is torn down with no DDP holding it
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -171,8 +171,8 @@ def test_the_folder_is_kept_only_where_a_line_names_it(returncode, metrics, stat
 def test_a_file_as_out_or_runs_is_refused_in_every_mode(flag, mode, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("")
-    for path, msg in ((afile, f"{afile} is a file, not a folder"),
-                      (afile / "sub", f"{afile / 'sub'}: {afile} is a file, not a folder"),
+    for path, msg in ((afile, f"{afile} is a file, not a folder (allowed: a folder, or a path to make one)"),
+                      (afile / "sub", f"{afile / 'sub'}: {afile} is a file, not a folder (allowed: a folder, or a path to make one)"),
                       ("", f"an empty path (allowed: a folder, or no {flag} for the default)")):
         with pytest.raises(UserError) as e:
             parse(["deep_bleu", *mode, flag, str(path)])
@@ -213,8 +213,8 @@ def test_the_console_script_refuses_in_one_line_and_leaves_nothing(tmp_path):
     tmp.mkdir()
     cases = [(["--verify", record], f"error: {record}/results.json: code: 'x' is a string (allowed: an object, "
                                     "or null)"),
-             (["--status", "--out", afile], f"error: --out: {afile} is a file, not a folder"),
-             (["--report-only", "--runs", afile], f"error: --runs: {afile} is a file, not a folder"),
+             (["--status", "--out", afile], f"error: --out: {afile} is a file, not a folder (allowed: a folder, or a path to make one)"),
+             (["--report-only", "--runs", afile], f"error: --runs: {afile} is a file, not a folder (allowed: a folder, or a path to make one)"),
              (["study.budget=", "--status"], "error: study.budget: '' is not a budget of deep_bleu (allowed: ")]
     for args, msg in cases:
         r = subprocess.run([sys.executable, "-m", "normlab.commands.study", "deep_bleu", *map(str, args),

@@ -126,3 +126,12 @@ def test_the_index_total_adds_each_studys_screens_counting_a_shared_run_once(tin
     assert "| [st2](st2/) | 0 of 4 runs | — | 0.00 | 0.02 |" in table
     assert "| 0 runs | | **0.05** | 0.05 |" in table  # 180 s: each CPU second once
     assert json.loads((out / "claims.json").read_text())["cost"]["screens"]["hours"] * 3600 == 120.0
+
+
+def test_a_shared_record_that_names_no_study_is_credited_to_its_holder():
+    """Old code: credited to "?", a name no study claims, so its seconds fell out of every total."""
+    from normlab.study.cpu_ledger import spent
+
+    assert spent({"cpu_s": 90.0, "shared_from": {"record": "screen/a/x"}}, "mine") == [
+        {"study": "mine", "cpu_s": 90.0, "redone": False}]
+    assert spent({"cpu_s": 90.0, "shared_from": {"study": "other"}}, "mine")[0]["study"] == "other"

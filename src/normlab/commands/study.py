@@ -105,7 +105,7 @@ def _check_folder(flag: str, value: str | None) -> None:
         if p.exists():
             if not p.is_dir():
                 raise UserError(flag, f"{value} is a file, not a folder" if p == path
-                                else f"{value}: {p} is a file, not a folder")
+                                else f"{value}: {p} is a file, not a folder", "a folder, or a path to make one")
             return
 
 

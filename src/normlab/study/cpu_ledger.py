@@ -36,7 +36,8 @@ def spent(res: dict, own: str) -> list[dict] | None:
     if cpu is None:
         return None
     shared = res.get("shared_from")
-    who = str(shared.get("study", "?")) if isinstance(shared, dict) else own
+    who = str(shared.get("study") or own) if isinstance(shared, dict) else own  # no study named: the holder's,
+    # rather than a name no study claims (its seconds would drop out of every total)
     return [{"study": who, "cpu_s": cpu, "redone": False}]
 
 
